@@ -1,0 +1,59 @@
+//! The subscription channel: the one bounded queue between a subscription's
+//! shard readers and its dispatch stage, and the record type it carries.
+//!
+//! Every reader of a subscription sends into the same channel of
+//! [`CHANNEL_CAPACITY`] deliveries. When the handlers fall behind the channel
+//! fills, and every reader waits in `send`: no shard is read ahead of what the
+//! service can handle, and the records held in memory stay bounded (a reader
+//! holds at most one GetRecords response, `read_limit` records, while it
+//! waits). A delivery is one record plus the [`Ticket`] that settles it.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::ids::{PartitionKey, SequenceNumber, ShardId, StreamName};
+use crate::settlement::Ticket;
+
+/// Deliveries the channel holds before readers wait. 64 keeps a few
+/// milliseconds of work queued for the handlers (so they never starve while
+/// a reader's next GetRecords is in flight) without reading far ahead of
+/// what is handled.
+pub const CHANNEL_CAPACITY: usize = 64;
+
+/// One record as read from Kinesis. Immutable and shared: a redelivery hands
+/// out the same `Arc`, never a copy of the data.
+#[derive(Debug)]
+pub struct Record {
+    /// The stream it was read from.
+    pub stream: StreamName,
+    /// The shard it was read from.
+    pub shard: ShardId,
+    /// The producer's partition key.
+    pub partition_key: PartitionKey,
+    /// Its sequence number within the shard.
+    pub sequence: SequenceNumber,
+    /// When Kinesis accepted it, in ms since the Unix epoch.
+    pub arrival_ms: u64,
+    /// The payload.
+    pub data: Vec<u8>,
+}
+
+/// A record on its way to a handler, with the ticket that settles it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The record.
+    pub record: Arc<Record>,
+    /// Where it settles.
+    pub ticket: Ticket,
+}
+
+/// The sending half, one clone per reader.
+pub type DeliverySender = mpsc::Sender<Delivery>;
+/// The receiving half, owned by the dispatch stage.
+pub type DeliveryReceiver = mpsc::Receiver<Delivery>;
+
+/// Creates a subscription's channel.
+pub fn channel() -> (DeliverySender, DeliveryReceiver) {
+    mpsc::channel(CHANNEL_CAPACITY)
+}

@@ -1,0 +1,566 @@
+//! The service's TOML config: parsed strictly, validated once into typed
+//! config that the rest of the host uses.
+//!
+//! Two layers: `Raw*` structs mirror the file (serde, `deny_unknown_fields`,
+//! durations as human strings such as `"200ms"`), and [`Config`] holds the
+//! validated, typed values ([`Duration`], [`StartPosition`], newtypes). Every
+//! error is one line naming the file, the key (e.g.
+//! `subscription[0].poll_idle`) and what was wrong, so a bad config stops
+//! start-up with a message an operator can act on.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::Deserialize;
+
+use crate::ids::{StreamName, SubscriptionName};
+
+/// A config that could not be loaded: always names the file, and the key when
+/// one is to blame.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config file {file}: cannot read it: {reason}")]
+    Read {
+        /// The config file.
+        file: PathBuf,
+        /// Why reading failed.
+        reason: std::io::Error,
+    },
+    /// The file is not valid TOML, or a key is unknown or of the wrong type.
+    #[error("config file {file}: {location}{message}")]
+    Syntax {
+        /// The config file.
+        file: PathBuf,
+        /// `line N, key K: `, as far as known.
+        location: String,
+        /// What the parser said.
+        message: String,
+    },
+    /// A key holds a value that parsed but makes no sense.
+    #[error("config file {file}: key `{key}`: {message}")]
+    Invalid {
+        /// The config file.
+        file: PathBuf,
+        /// The full path of the key, e.g. `subscription[1].start`.
+        key: String,
+        /// What is wrong with its value.
+        message: String,
+    },
+}
+
+/// The validated config of one host process.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How to reach AWS.
+    pub aws: AwsConfig,
+    /// Where leases and checkpoints live.
+    pub lease: LeaseConfig,
+    /// Every subscription this host runs, side by side.
+    pub subscriptions: Vec<SubscriptionConfig>,
+}
+
+/// How to reach AWS; anything unset falls back to the standard credential
+/// chain and environment (`AWS_REGION`, `AWS_ENDPOINT_URL_KINESIS`, ...).
+#[derive(Debug, Clone, Default)]
+pub struct AwsConfig {
+    /// Region override.
+    pub region: Option<String>,
+    /// Kinesis endpoint override (e.g. a local emulator).
+    pub endpoint_url: Option<String>,
+}
+
+/// Which lease store backs leases and checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseStoreKind {
+    /// In this process only: every instance reads every shard, and
+    /// checkpoints are lost on restart.
+    Memory,
+}
+
+/// Lease timing and the store.
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    /// The backend.
+    pub store: LeaseStoreKind,
+    /// How long a lease whose counter has not moved counts as alive.
+    pub lease_duration: Duration,
+    /// How often held leases are renewed.
+    pub renew_every: Duration,
+    /// How often the stream's shards are listed and free leases taken.
+    pub shard_sync_every: Duration,
+}
+
+/// Where a shard without a checkpoint starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartPosition {
+    /// Only records put after the reader opens the shard.
+    Latest,
+    /// The oldest record still in the shard.
+    TrimHorizon,
+    /// The first record that arrived at or after this time.
+    AtTimestamp(SystemTime),
+}
+
+/// One subscription: a stream, a plugin, and how to read.
+#[derive(Debug, Clone)]
+pub struct SubscriptionConfig {
+    /// The application name: keys leases and checkpoints.
+    pub name: SubscriptionName,
+    /// The stream read.
+    pub stream: StreamName,
+    /// The plugin component file.
+    pub plugin: PathBuf,
+    /// Where a shard without a checkpoint starts.
+    pub start: StartPosition,
+    /// How long a reader waits after a read that returned no records.
+    pub poll_idle: Duration,
+    /// At most one checkpoint write per shard per this interval.
+    pub checkpoint_every: Duration,
+    /// Most records asked for in one GetRecords call.
+    pub read_limit: i32,
+    /// A handler call that runs longer fails (and is retried).
+    pub handler_timeout: Duration,
+    /// First backoff before a `retry` outcome is delivered again.
+    pub retry_backoff_initial: Duration,
+    /// Cap on the (doubling, jittered) retry backoff.
+    pub retry_backoff_max: Duration,
+    /// How long shutdown waits for in-flight records to be handled.
+    pub shutdown_timeout: Duration,
+}
+
+/// Defaults, with the reasoning behind each.
+pub mod defaults {
+    use std::time::Duration;
+
+    /// Kinesis allows 5 GetRecords calls per shard per second; 200 ms keeps
+    /// an idle shard within that and a new record under a second away.
+    pub const POLL_IDLE: Duration = Duration::from_millis(200);
+    /// One write a second per shard keeps store traffic small while bounding
+    /// redelivery after a crash to about a second of records.
+    pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+    /// Small reads keep the records held by a blocked reader (read but not
+    /// yet in the channel) bounded; Kinesis allows up to 10,000.
+    pub const READ_LIMIT: i32 = 1_000;
+    /// A handler that takes longer than this is stuck, not slow.
+    pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
+    /// First retry backoff.
+    pub const RETRY_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+    /// Retry backoff cap.
+    pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(30);
+    /// Time given to in-flight records on shutdown.
+    pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+    /// KCL's default: a lease whose counter has not moved for 10 s is free.
+    pub const LEASE_DURATION: Duration = Duration::from_secs(10);
+    /// Renew three times per lease duration, so one slow renewal is harmless.
+    pub const RENEW_EVERY: Duration = Duration::from_secs(3);
+    /// Picks up new shards after a reshard within this interval.
+    pub const SHARD_SYNC_EVERY: Duration = Duration::from_secs(10);
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    aws: RawAws,
+    #[serde(default)]
+    lease: RawLease,
+    #[serde(default, rename = "subscription")]
+    subscriptions: Vec<RawSubscription>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAws {
+    region: Option<String>,
+    endpoint_url: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLease {
+    store: Option<LeaseStoreKind>,
+    lease_duration: Option<String>,
+    renew_every: Option<String>,
+    shard_sync_every: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSubscription {
+    name: String,
+    stream: String,
+    plugin: PathBuf,
+    start: Option<RawStart>,
+    poll_idle: Option<String>,
+    checkpoint_every: Option<String>,
+    read_limit: Option<i64>,
+    handler_timeout: Option<String>,
+    retry_backoff: Option<RawBackoff>,
+    shutdown_timeout: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackoff {
+    initial: Option<String>,
+    max: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawStart {
+    Named(String),
+    Table(RawStartTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStartTable {
+    at_timestamp: String,
+}
+
+impl Config {
+    /// Reads and validates a config file. Relative plugin paths are taken
+    /// relative to the current directory, as a shell user expects.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file and key when the file cannot be read,
+    /// is not TOML, has an unknown key, or holds a bad value.
+    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|reason| ConfigError::Read {
+            file: file.to_owned(),
+            reason,
+        })?;
+        Self::parse(&text, file)
+    }
+
+    /// Parses and validates config text; `file` only names it in errors.
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn parse(text: &str, file: &Path) -> Result<Self, ConfigError> {
+        let syntax = |location: String, message: &str| ConfigError::Syntax {
+            file: file.to_owned(),
+            location,
+            message: message.trim().replace('\n', " "),
+        };
+        let deserializer = toml::Deserializer::parse(text)
+            .map_err(|e| syntax(line_of(text, e.span()), e.message()))?;
+        let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let mut location = line_of(text, inner.span());
+            if path != "." && !path.is_empty() {
+                location.push_str(&format!("key `{path}`: "));
+            }
+            syntax(location, inner.message())
+        })?;
+        Validator { file }.config(raw)
+    }
+}
+
+fn line_of(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    match span {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}, ")
+        }
+        None => String::new(),
+    }
+}
+
+struct Validator<'a> {
+    file: &'a Path,
+}
+
+impl Validator<'_> {
+    fn invalid(&self, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.to_owned(),
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    fn duration(
+        &self,
+        key: &str,
+        value: Option<&str>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        let Some(value) = value else {
+            return Ok(default);
+        };
+        let parsed = humantime::parse_duration(value).map_err(|e| {
+            self.invalid(
+                key,
+                format!("{value:?} is not a duration ({e}); write e.g. \"200ms\", \"5s\", \"1m\""),
+            )
+        })?;
+        if parsed.is_zero() {
+            return Err(self.invalid(key, format!("{value:?} must be longer than zero")));
+        }
+        Ok(parsed)
+    }
+
+    fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+        let lease = LeaseConfig {
+            store: raw.lease.store.unwrap_or(LeaseStoreKind::Memory),
+            lease_duration: self.duration(
+                "lease.lease_duration",
+                raw.lease.lease_duration.as_deref(),
+                defaults::LEASE_DURATION,
+            )?,
+            renew_every: self.duration(
+                "lease.renew_every",
+                raw.lease.renew_every.as_deref(),
+                defaults::RENEW_EVERY,
+            )?,
+            shard_sync_every: self.duration(
+                "lease.shard_sync_every",
+                raw.lease.shard_sync_every.as_deref(),
+                defaults::SHARD_SYNC_EVERY,
+            )?,
+        };
+        if lease.renew_every >= lease.lease_duration {
+            return Err(self.invalid(
+                "lease.renew_every",
+                format!(
+                    "must be shorter than lease.lease_duration ({}), or leases lapse between renewals",
+                    humantime::format_duration(lease.lease_duration)
+                ),
+            ));
+        }
+        if raw.subscriptions.is_empty() {
+            return Err(self.invalid(
+                "subscription",
+                "no [[subscription]] block: there is nothing to run",
+            ));
+        }
+        let mut names = HashSet::new();
+        let mut subscriptions = Vec::with_capacity(raw.subscriptions.len());
+        for (i, sub) in raw.subscriptions.into_iter().enumerate() {
+            let at = |key: &str| format!("subscription[{i}].{key}");
+            if sub.name.trim().is_empty() {
+                return Err(self.invalid(at("name"), "must not be empty"));
+            }
+            if !names.insert(sub.name.clone()) {
+                return Err(self.invalid(
+                    at("name"),
+                    format!(
+                        "{:?} is used by another subscription; names key leases and must be unique",
+                        sub.name
+                    ),
+                ));
+            }
+            if sub.stream.trim().is_empty() {
+                return Err(self.invalid(at("stream"), "must not be empty"));
+            }
+            let start = match sub.start {
+                None => StartPosition::Latest,
+                Some(RawStart::Named(name)) => match name.as_str() {
+                    "latest" => StartPosition::Latest,
+                    "trim_horizon" => StartPosition::TrimHorizon,
+                    other => {
+                        return Err(self.invalid(
+                            at("start"),
+                            format!(
+                                "{other:?} is not a start position; use \"latest\", \"trim_horizon\" or {{ at_timestamp = \"2026-12-01T00:00:00Z\" }}"
+                            ),
+                        ));
+                    }
+                },
+                Some(RawStart::Table(table)) => {
+                    let ts = humantime::parse_rfc3339_weak(&table.at_timestamp).map_err(|e| {
+                        self.invalid(
+                            at("start.at_timestamp"),
+                            format!("{:?} is not an RFC 3339 time ({e})", table.at_timestamp),
+                        )
+                    })?;
+                    StartPosition::AtTimestamp(ts)
+                }
+            };
+            let read_limit = match sub.read_limit {
+                None => defaults::READ_LIMIT,
+                Some(n @ 1..=10_000) => n as i32,
+                Some(n) => {
+                    return Err(self.invalid(
+                        at("read_limit"),
+                        format!("{n} is out of range: GetRecords takes 1 to 10000"),
+                    ));
+                }
+            };
+            let backoff = sub.retry_backoff.unwrap_or(RawBackoff {
+                initial: None,
+                max: None,
+            });
+            let retry_backoff_initial = self.duration(
+                &at("retry_backoff.initial"),
+                backoff.initial.as_deref(),
+                defaults::RETRY_BACKOFF_INITIAL,
+            )?;
+            let retry_backoff_max = self.duration(
+                &at("retry_backoff.max"),
+                backoff.max.as_deref(),
+                defaults::RETRY_BACKOFF_MAX,
+            )?;
+            if retry_backoff_max < retry_backoff_initial {
+                return Err(self.invalid(
+                    at("retry_backoff.max"),
+                    "must not be shorter than retry_backoff.initial",
+                ));
+            }
+            subscriptions.push(SubscriptionConfig {
+                name: SubscriptionName::new(sub.name),
+                stream: StreamName::new(sub.stream),
+                plugin: sub.plugin,
+                start,
+                poll_idle: self.duration(
+                    &at("poll_idle"),
+                    sub.poll_idle.as_deref(),
+                    defaults::POLL_IDLE,
+                )?,
+                checkpoint_every: self.duration(
+                    &at("checkpoint_every"),
+                    sub.checkpoint_every.as_deref(),
+                    defaults::CHECKPOINT_EVERY,
+                )?,
+                read_limit,
+                handler_timeout: self.duration(
+                    &at("handler_timeout"),
+                    sub.handler_timeout.as_deref(),
+                    defaults::HANDLER_TIMEOUT,
+                )?,
+                retry_backoff_initial,
+                retry_backoff_max,
+                shutdown_timeout: self.duration(
+                    &at("shutdown_timeout"),
+                    sub.shutdown_timeout.as_deref(),
+                    defaults::SHUTDOWN_TIMEOUT,
+                )?,
+            });
+        }
+        Ok(Config {
+            aws: AwsConfig {
+                region: raw.aws.region,
+                endpoint_url: raw.aws.endpoint_url,
+            },
+            lease,
+            subscriptions,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[[subscription]]
+name = "orders-audit"
+stream = "orders"
+plugin = "echo.wasm"
+"#;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text, Path::new("test.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn minimal_config_takes_defaults() {
+        let config = parse(MINIMAL).unwrap();
+        let sub = &config.subscriptions[0];
+        assert_eq!(sub.name.as_str(), "orders-audit");
+        assert_eq!(sub.start, StartPosition::Latest);
+        assert_eq!(sub.poll_idle, defaults::POLL_IDLE);
+        assert_eq!(sub.checkpoint_every, defaults::CHECKPOINT_EVERY);
+        assert_eq!(config.lease.store, LeaseStoreKind::Memory);
+    }
+
+    #[test]
+    fn full_example_parses() {
+        let config = parse(
+            r#"
+[aws]
+region = "us-east-1"
+endpoint_url = "http://127.0.0.1:4568"
+
+[lease]
+store = "memory"
+
+[[subscription]]
+name = "a"
+stream = "orders"
+plugin = "a.wasm"
+start = "trim_horizon"
+poll_idle = "50ms"
+checkpoint_every = "2s"
+
+[[subscription]]
+name = "b"
+stream = "orders"
+plugin = "b.wasm"
+start = { at_timestamp = "2026-12-01T00:00:00Z" }
+"#,
+        )
+        .unwrap();
+        assert_eq!(config.subscriptions.len(), 2);
+        assert_eq!(config.subscriptions[0].start, StartPosition::TrimHorizon);
+        assert_eq!(config.subscriptions[0].poll_idle, Duration::from_millis(50));
+        assert!(matches!(
+            config.subscriptions[1].start,
+            StartPosition::AtTimestamp(_)
+        ));
+    }
+
+    #[test]
+    fn unknown_key_is_named_on_one_line() {
+        let err = parse(&format!("{MINIMAL}colour = \"blue\"\n")).unwrap_err();
+        assert!(err.contains("subscription[0]"), "{err}");
+        assert!(err.contains("colour"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn unknown_top_level_table_is_named() {
+        let err = parse(&format!("[aws]\nregoin = \"x\"\n{MINIMAL}")).unwrap_err();
+        assert!(err.contains("regoin"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_names_key_and_value() {
+        let err = parse(&format!("{MINIMAL}poll_idle = \"soon\"\n")).unwrap_err();
+        assert!(err.contains("subscription[0].poll_idle"), "{err}");
+        assert!(err.contains("\"soon\""), "{err}");
+    }
+
+    #[test]
+    fn bad_start_is_named() {
+        let err = parse(&format!("{MINIMAL}start = \"beginning\"\n")).unwrap_err();
+        assert!(err.contains("subscription[0].start"), "{err}");
+        let err = parse(&format!(
+            "{MINIMAL}start = {{ at_timestamp = \"yesterday\" }}\n"
+        ))
+        .unwrap_err();
+        assert!(err.contains("start.at_timestamp"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_names_and_empty_config_are_refused() {
+        let err = parse(&format!("{MINIMAL}{MINIMAL}")).unwrap_err();
+        assert!(err.contains("subscription[1].name"), "{err}");
+        let err = parse("").unwrap_err();
+        assert!(err.contains("no [[subscription]]"), "{err}");
+    }
+
+    #[test]
+    fn unknown_lease_store_is_named() {
+        let err = parse(&format!("[lease]\nstore = \"etcd\"\n{MINIMAL}")).unwrap_err();
+        assert!(err.contains("lease.store"), "{err}");
+        assert!(err.contains("etcd"), "{err}");
+    }
+}

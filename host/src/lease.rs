@@ -1,0 +1,122 @@
+//! Leases: who reads which shard, and where each shard's checkpoint lives.
+//!
+//! A lease exists per subscription name + stream + shard ([`LeaseKey`]). The
+//! [`LeaseStore`] trait is the storage contract; every write is conditional
+//! on what the writer last saw, so two hosts can never both believe they
+//! hold a shard, and a host that lost a lease can never write its
+//! checkpoint:
+//! - `acquire` takes a lease only if it is still as the caller observed it
+//!   (absent, free, its own, or expired by the caller's observation);
+//! - `renew`, `checkpoint` and `release` require the caller to still be the
+//!   owner **and** the lease counter to be the one it last saw. Each bumps
+//!   the counter, so a lease whose counter stops moving is dead (KCL's rule:
+//!   expiry is judged by the taker watching the counter, never by comparing
+//!   clocks of different hosts).
+//!
+//! Backends live in `lease/*`: [`memory::MemoryLeaseStore`] (this process
+//! only). The [`keeper`] task owns the leases a subscription holds: it
+//! discovers shards, takes free leases, starts and stops readers, renews on
+//! its own timer and writes the checkpoints settlement asks for.
+
+pub mod keeper;
+pub mod memory;
+
+use std::fmt;
+
+use async_trait::async_trait;
+
+use crate::ids::{OwnerId, ShardId, StreamName, SubscriptionName};
+use crate::settlement::Checkpoint;
+
+/// Which lease: one per subscription, stream and shard.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseKey {
+    /// The subscription (application) name.
+    pub subscription: SubscriptionName,
+    /// The stream.
+    pub stream: StreamName,
+    /// The shard.
+    pub shard: ShardId,
+}
+
+impl fmt::Display for LeaseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.subscription, self.stream, self.shard)
+    }
+}
+
+/// A lease as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Which lease.
+    pub key: LeaseKey,
+    /// Who holds it, if anyone.
+    pub owner: Option<OwnerId>,
+    /// Bumped by every write; a counter that stops moving means its owner
+    /// is gone.
+    pub counter: u64,
+    /// Where processing of the shard stands.
+    pub checkpoint: Option<Checkpoint>,
+}
+
+/// A lease this process holds, as of its last successful write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLease {
+    /// Which lease.
+    pub key: LeaseKey,
+    /// This process.
+    pub owner: OwnerId,
+    /// The counter after our last write.
+    pub counter: u64,
+    /// The checkpoint when we took it (where the reader starts).
+    pub checkpoint: Option<Checkpoint>,
+}
+
+/// Why a lease operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// Someone else changed the lease since we saw it: it is not (or no
+    /// longer) ours.
+    #[error("lease {0} changed hands: it is no longer ours to write")]
+    Lost(LeaseKey),
+    /// The store could not be reached or failed; worth retrying.
+    #[error("lease store failed: {0}")]
+    Store(String),
+}
+
+/// Storage for leases and checkpoints (see the module docs for the rules
+/// every backend keeps).
+#[async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Every lease of a subscription on a stream.
+    async fn list(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+    ) -> Result<Vec<Lease>, LeaseError>;
+
+    /// One lease, if it exists.
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError>;
+
+    /// Takes the lease for `owner` if it is still exactly as `seen` (`None`:
+    /// it does not exist yet).
+    async fn acquire(
+        &self,
+        key: &LeaseKey,
+        owner: &OwnerId,
+        seen: Option<&Lease>,
+    ) -> Result<HeldLease, LeaseError>;
+
+    /// Proves the holder is alive: bumps the counter.
+    async fn renew(&self, held: &HeldLease) -> Result<HeldLease, LeaseError>;
+
+    /// Writes the shard's checkpoint (and bumps the counter).
+    async fn checkpoint(
+        &self,
+        held: &HeldLease,
+        checkpoint: &Checkpoint,
+    ) -> Result<HeldLease, LeaseError>;
+
+    /// Gives the lease up so another instance may take it at once.
+    async fn release(&self, held: &HeldLease) -> Result<(), LeaseError>;
+}

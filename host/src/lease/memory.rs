@@ -1,0 +1,176 @@
+//! [`MemoryLeaseStore`]: leases and checkpoints in this process's memory.
+//!
+//! Every host instance has its own, so each instance reads every shard, and
+//! checkpoints are gone when the process ends. Right for a single instance
+//! that may re-read from its start position after a restart, and for tests.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
+use crate::ids::{OwnerId, StreamName, SubscriptionName};
+use crate::settlement::Checkpoint;
+
+/// Leases in a map behind a std mutex: every operation is a short, purely
+/// in-memory critical section, never held across an `.await`.
+#[derive(Debug, Default)]
+pub struct MemoryLeaseStore {
+    leases: Mutex<BTreeMap<LeaseKey, Lease>>,
+}
+
+impl MemoryLeaseStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<LeaseKey, Lease>) -> R) -> R {
+        // A panic while holding the lock cannot leave a lease half-written
+        // (each closure assigns whole values), so a poisoned map is usable.
+        let mut guard = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut guard)
+    }
+
+    /// Applies `update` to a lease the caller holds, if it still does.
+    fn update_held(
+        &self,
+        held: &HeldLease,
+        update: impl FnOnce(&mut Lease),
+    ) -> Result<HeldLease, LeaseError> {
+        self.with(|leases| match leases.get_mut(&held.key) {
+            Some(lease)
+                if lease.owner.as_ref() == Some(&held.owner) && lease.counter == held.counter =>
+            {
+                update(lease);
+                lease.counter += 1;
+                Ok(HeldLease {
+                    counter: lease.counter,
+                    ..held.clone()
+                })
+            }
+            _ => Err(LeaseError::Lost(held.key.clone())),
+        })
+    }
+}
+
+#[async_trait]
+impl LeaseStore for MemoryLeaseStore {
+    async fn list(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+    ) -> Result<Vec<Lease>, LeaseError> {
+        Ok(self.with(|leases| {
+            leases
+                .values()
+                .filter(|l| &l.key.subscription == subscription && &l.key.stream == stream)
+                .cloned()
+                .collect()
+        }))
+    }
+
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+        Ok(self.with(|leases| leases.get(key).cloned()))
+    }
+
+    async fn acquire(
+        &self,
+        key: &LeaseKey,
+        owner: &OwnerId,
+        seen: Option<&Lease>,
+    ) -> Result<HeldLease, LeaseError> {
+        self.with(|leases| {
+            if leases.get(key) != seen {
+                return Err(LeaseError::Lost(key.clone()));
+            }
+            let lease = leases.entry(key.clone()).or_insert_with(|| Lease {
+                key: key.clone(),
+                owner: None,
+                counter: 0,
+                checkpoint: None,
+            });
+            lease.owner = Some(owner.clone());
+            lease.counter += 1;
+            Ok(HeldLease {
+                key: key.clone(),
+                owner: owner.clone(),
+                counter: lease.counter,
+                checkpoint: lease.checkpoint.clone(),
+            })
+        })
+    }
+
+    async fn renew(&self, held: &HeldLease) -> Result<HeldLease, LeaseError> {
+        self.update_held(held, |_| {})
+    }
+
+    async fn checkpoint(
+        &self,
+        held: &HeldLease,
+        checkpoint: &Checkpoint,
+    ) -> Result<HeldLease, LeaseError> {
+        self.update_held(held, |lease| lease.checkpoint = Some(checkpoint.clone()))
+    }
+
+    async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {
+        self.update_held(held, |lease| lease.owner = None)
+            .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::SequenceNumber;
+
+    fn key() -> LeaseKey {
+        LeaseKey {
+            subscription: "app".into(),
+            stream: "orders".into(),
+            shard: "shardId-0".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn writes_are_fenced_on_owner_and_counter() {
+        let store = MemoryLeaseStore::new();
+        let a = OwnerId::from("a");
+        let b = OwnerId::from("b");
+        let held_a = store.acquire(&key(), &a, None).await.unwrap();
+        // b saw nothing, but the lease exists now: refused.
+        assert!(matches!(
+            store.acquire(&key(), &b, None).await,
+            Err(LeaseError::Lost(_))
+        ));
+        let renewed = store.renew(&held_a).await.unwrap();
+        assert_eq!(renewed.counter, held_a.counter + 1);
+        // A stale view (old counter) cannot write.
+        let cp = Checkpoint::Sequence(SequenceNumber::parse("42").unwrap());
+        assert!(store.checkpoint(&held_a, &cp).await.is_err());
+        // b takes it over as observed (e.g. after judging it expired).
+        let seen = store.read(&key()).await.unwrap().unwrap();
+        let held_b = store.acquire(&key(), &b, Some(&seen)).await.unwrap();
+        assert!(
+            store.checkpoint(&renewed, &cp).await.is_err(),
+            "a is fenced out"
+        );
+        let held_b = store.checkpoint(&held_b, &cp).await.unwrap();
+        store.release(&held_b).await.unwrap();
+        let lease = store.read(&key()).await.unwrap().unwrap();
+        assert_eq!(lease.owner, None);
+        assert_eq!(lease.checkpoint, Some(cp.clone()));
+        // Re-acquiring a released lease returns its checkpoint.
+        let again = store.acquire(&key(), &a, Some(&lease)).await.unwrap();
+        assert_eq!(again.checkpoint, Some(cp));
+        assert_eq!(
+            store
+                .list(&"app".into(), &"orders".into())
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+}

@@ -1,0 +1,114 @@
+//! The `shardlane` binary: `run` the service from a config file, or `check` a
+//! plugin. Errors print as one line and exit non-zero.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+use shardlane::config::Config;
+use shardlane::logging::{self, LogFormat};
+use shardlane::plugin::{PluginHost, WIT_PACKAGE};
+
+#[derive(Parser)]
+#[command(
+    name = "shardlane",
+    version,
+    about = "Kinesis stream handlers as sandboxed WebAssembly components"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the service until SIGINT or SIGTERM.
+    Run {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Log output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        log_format: Format,
+    },
+    /// Validate a plugin component: print its world and imports.
+    Check {
+        /// The plugin's .wasm file.
+        plugin: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { config, log_format } => run(config, log_format),
+        Command::Check { plugin } => check(plugin),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(path: PathBuf) -> anyhow::Result<()> {
+    let host = PluginHost::new().context("cannot start the WebAssembly engine")?;
+    let info = host.inspect(&path)?;
+    println!("{}: ok", path.display());
+    println!("world: {} ({WIT_PACKAGE})", info.world);
+    println!("digest: {}", info.digest);
+    println!("exports:");
+    for export in &info.exports {
+        println!("  {export}");
+    }
+    println!("imports:");
+    for import in &info.imports {
+        println!("  {import}");
+    }
+    Ok(())
+}
+
+fn run(config_path: PathBuf, format: Format) -> anyhow::Result<()> {
+    // Config errors come before any logging is set up: one line on stderr.
+    let config = Config::load(&config_path)?;
+    logging::init(match format {
+        Format::Text => LogFormat::Text,
+        Format::Json => LogFormat::Json,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(shardlane::supervisor::run(config, shutdown_signal()))
+}
+
+/// Completes on the first SIGINT or SIGTERM; a second one exits at once
+/// (leases are then left to expire).
+async fn shutdown_signal() {
+    first_signal().await;
+    tokio::spawn(async {
+        first_signal().await;
+        eprintln!("second signal: exiting now");
+        std::process::exit(130);
+    });
+}
+
+async fn first_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Installing a handler only fails if signals are unusable in this
+    // process at all, which is not a state the service can run in.
+    let mut term = signal(SignalKind::terminate()).expect("cannot install the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,659 @@
+//! The plugin stage: loading handler components and calling them.
+//!
+//! The embedding reads as one story, as in wasmtime's own examples:
+//! [`bindings`] (`bindgen!`) → the host's `log` implementation on
+//! [`HostState`] → [`PluginHost`] (one [`Engine`] with the pooling allocator
+//! and epoch interruption, one [`Linker`] with WASI and `log`) → [`Plugin`]
+//! (a compiled [`Component`], its world told from its exports, and the
+//! pre-instantiated `*Pre` so imports are resolved and exports looked up
+//! once) → [`Instance`] (one [`Store`] + instance, owned by one dispatch
+//! loop and reused for every call).
+//!
+//! # Containment
+//! - A trap fails the call; the instance is then unusable (a trapped
+//!   component cannot be entered again), so the caller drops it and makes a
+//!   fresh one from the `*Pre` — cheap, microseconds.
+//! - Calls are async and yield at every epoch tick ([`EPOCH_TICK`]), so a
+//!   guest that loops cannot hold a runtime thread, and
+//!   `handler_timeout` cancels it.
+//! - WASI is linked because guests built with a language's standard library
+//!   import it, but the context grants nothing: no preopened directories, no
+//!   environment variables, no arguments, no network (every socket address is
+//!   denied), stdin empty and stdout/stderr discarded.
+//! - Memory per instance is capped by [`StoreLimits`] on top of the pool's
+//!   own limits.
+
+pub mod bindings;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest as _, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable, types::ComponentItem};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits,
+    StoreLimitsBuilder,
+};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use crate::channel::Record;
+use crate::ids::SubscriptionName;
+use bindings::batch::{BatchHandler, BatchHandlerPre};
+use bindings::record::{RecordHandler, RecordHandlerPre};
+pub use bindings::{KinesisRecord, Level, Outcome};
+
+/// How often the engine's epoch advances. Every running guest yields to the
+/// async runtime at each tick, and timeouts are observed at this grain.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Default memory cap per instance. Generous for a handler (the Rust echo
+/// guest needs about 1 MiB), small enough that a runaway guest cannot
+/// exhaust the host.
+pub const DEFAULT_MAX_MEMORY: usize = 256 << 20;
+
+/// Longest guest log message kept; longer ones are cut, so one call cannot
+/// fill the host's log with megabytes.
+pub const MAX_LOG_MESSAGE: usize = 8 * 1024;
+
+/// The WIT package every plugin is written against.
+pub const WIT_PACKAGE: &str = "shardlane:plugin@0.1.0";
+
+/// Which world a component implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum World {
+    /// Exports `handle`: one record per call.
+    RecordHandler,
+    /// Exports `handle-batch`: a batch per call.
+    BatchHandler,
+}
+
+impl fmt::Display for World {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            World::RecordHandler => "record-handler",
+            World::BatchHandler => "batch-handler",
+        })
+    }
+}
+
+/// A plugin's sha256 digest: how every version of a plugin is known.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PluginDigest(Arc<str>);
+
+impl PluginDigest {
+    fn of(bytes: &[u8]) -> Self {
+        let hash = Sha256::digest(bytes);
+        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        Self(format!("sha256:{hex}").into())
+    }
+
+    /// `sha256:` and the first 12 hex digits: enough to tell versions apart
+    /// in a log line.
+    pub fn short(&self) -> &str {
+        &self.0[..19]
+    }
+}
+
+impl fmt::Display for PluginDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Why a plugin cannot be used. Each message is one line naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// The file could not be read.
+    #[error("plugin {path}: cannot read it: {reason}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: std::io::Error,
+    },
+    /// Not WebAssembly at all.
+    #[error(
+        "plugin {path}: not a WebAssembly file (it does not start with the \\0asm magic bytes)"
+    )]
+    NotWasm {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A core module where a component is needed.
+    #[error(
+        "plugin {path}: is a core WebAssembly module, not a component; build it as a component (e.g. for the wasm32-wasip2 target)"
+    )]
+    CoreModule {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The component does not compile.
+    #[error("plugin {path}: cannot compile it: {reason}")]
+    Compile {
+        /// The file.
+        path: PathBuf,
+        /// The compiler's first line.
+        reason: String,
+    },
+    /// Neither handler export.
+    #[error(
+        "plugin {path}: exports neither `handle` (world record-handler) nor `handle-batch` (world batch-handler) of {WIT_PACKAGE}"
+    )]
+    NoHandler {
+        /// The file.
+        path: PathBuf,
+    },
+    /// An import the host does not provide.
+    #[error("plugin {path}: imports `{import}`, which the host does not provide")]
+    MissingImport {
+        /// The file.
+        path: PathBuf,
+        /// The import's name.
+        import: String,
+    },
+    /// A handler export of the wrong type.
+    #[error(
+        "plugin {path}: export `{export}` does not match world {world} of {WIT_PACKAGE}: {reason}"
+    )]
+    BadExport {
+        /// The file.
+        path: PathBuf,
+        /// The export.
+        export: &'static str,
+        /// The world it was checked against.
+        world: World,
+        /// What wasmtime said.
+        reason: String,
+    },
+    /// Linking failed for another reason.
+    #[error("plugin {path}: cannot be linked: {reason}")]
+    Link {
+        /// The file.
+        path: PathBuf,
+        /// What wasmtime said.
+        reason: String,
+    },
+    /// A fresh instance could not be made (e.g. the pool is exhausted).
+    #[error("plugin {path}: cannot instantiate it: {reason}")]
+    Instantiate {
+        /// The file.
+        path: PathBuf,
+        /// What wasmtime said.
+        reason: String,
+    },
+}
+
+/// Why one handler call did not return an outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The guest trapped (panic, unreachable, out of bounds, memory cap...).
+    #[error("guest trapped: {0}")]
+    Trap(String),
+    /// The call ran past `handler_timeout` and was interrupted.
+    #[error("guest call timed out after {0:?}")]
+    Timeout(Duration),
+    /// A batch call returned the wrong number of outcomes.
+    #[error("guest returned {got} outcomes for a batch of {want}")]
+    WrongOutcomeCount {
+        /// Outcomes returned.
+        got: usize,
+        /// Records in the batch.
+        want: usize,
+    },
+    /// The instance is for the other world.
+    #[error("plugin implements {0}, not the world this call needs")]
+    WrongWorld(World),
+}
+
+/// What a plugin is, as `shardlane check` reports it.
+#[derive(Debug, Clone)]
+pub struct PluginInfo {
+    /// The world it implements.
+    pub world: World,
+    /// Its digest.
+    pub digest: PluginDigest,
+    /// Every import, by name.
+    pub imports: Vec<String>,
+    /// Every export, by name.
+    pub exports: Vec<String>,
+}
+
+/// The record being handled, for the context of guest log lines.
+#[derive(Debug, Clone, Default)]
+enum CallContext {
+    #[default]
+    Idle,
+    Record(Arc<Record>),
+    Batch {
+        first: Arc<Record>,
+        len: usize,
+    },
+}
+
+/// Per-store host state: WASI (granting nothing) and the log context.
+pub struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+    subscription: SubscriptionName,
+    digest: PluginDigest,
+    call: CallContext,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Emits a guest log line at a tracing level chosen at run time (`event!`
+/// needs a constant level, hence one arm per level).
+macro_rules! guest_event {
+    ($level:expr, $($fields:tt)+) => {
+        match $level {
+            Level::Trace => tracing::event!(target: "guest", tracing::Level::TRACE, $($fields)+),
+            Level::Debug => tracing::event!(target: "guest", tracing::Level::DEBUG, $($fields)+),
+            Level::Info => tracing::event!(target: "guest", tracing::Level::INFO, $($fields)+),
+            Level::Warn => tracing::event!(target: "guest", tracing::Level::WARN, $($fields)+),
+            Level::Error => tracing::event!(target: "guest", tracing::Level::ERROR, $($fields)+),
+        }
+    };
+}
+
+impl bindings::log::Host for HostState {
+    fn log(&mut self, level: Level, mut message: String) {
+        if message.len() > MAX_LOG_MESSAGE {
+            let mut cut = MAX_LOG_MESSAGE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push_str("…[truncated]");
+        }
+        let subscription = self.subscription.as_str();
+        let plugin = self.digest.short();
+        match &self.call {
+            CallContext::Record(r) => guest_event!(
+                level,
+                subscription,
+                plugin,
+                stream = r.stream.as_str(),
+                shard_id = r.shard.as_str(),
+                sequence_number = r.sequence.as_str(),
+                partition_key = r.partition_key.as_str(),
+                "{message}"
+            ),
+            CallContext::Batch { first, len } => guest_event!(
+                level,
+                subscription,
+                plugin,
+                stream = first.stream.as_str(),
+                shard_id = first.shard.as_str(),
+                sequence_number = first.sequence.as_str(),
+                partition_key = first.partition_key.as_str(),
+                batch_len = len,
+                "{message}"
+            ),
+            CallContext::Idle => guest_event!(level, subscription, plugin, "{message}"),
+        }
+    }
+}
+
+/// The engine and linker every plugin of this process shares.
+#[derive(Clone)]
+pub struct PluginHost {
+    engine: Engine,
+    linker: Arc<Linker<HostState>>,
+}
+
+impl PluginHost {
+    /// Builds the engine (pooling allocator, epoch interruption, a ticker
+    /// thread that lives as long as the engine) and the linker (WASI + log).
+    ///
+    /// # Errors
+    /// When wasmtime rejects the configuration (e.g. it cannot reserve the
+    /// pool's virtual memory).
+    pub fn new() -> anyhow::Result<Self> {
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(1_000)
+            .total_core_instances(2_000)
+            .max_core_instances_per_component(64)
+            .total_memories(1_000)
+            .total_tables(2_000)
+            .max_tables_per_component(64)
+            .max_memory_size(DEFAULT_MAX_MEMORY);
+        let mut config = Config::new();
+        config
+            .wasm_component_model(true)
+            .epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config)?;
+        spawn_epoch_ticker(&engine);
+
+        let mut linker = Linker::<HostState>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        bindings::log::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        Ok(Self {
+            engine,
+            linker: Arc::new(linker),
+        })
+    }
+
+    fn compile(&self, path: &Path) -> Result<(Component, PluginDigest), PluginError> {
+        let bytes = std::fs::read(path).map_err(|reason| PluginError::Read {
+            path: path.to_owned(),
+            reason,
+        })?;
+        if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+            return Err(PluginError::NotWasm {
+                path: path.to_owned(),
+            });
+        }
+        // Bytes 4..8: a core module has version 1, layer 0; a component has
+        // layer 1.
+        if bytes[6..8] == [0, 0] {
+            return Err(PluginError::CoreModule {
+                path: path.to_owned(),
+            });
+        }
+        let digest = PluginDigest::of(&bytes);
+        let started = Instant::now();
+        let component =
+            Component::from_binary(&self.engine, &bytes).map_err(|e| PluginError::Compile {
+                path: path.to_owned(),
+                reason: one_line(&e),
+            })?;
+        tracing::debug!(plugin = %path.display(), digest = digest.short(), elapsed = ?started.elapsed(), "plugin compiled");
+        Ok((component, digest))
+    }
+
+    fn world_of(&self, path: &Path, component: &Component) -> Result<World, PluginError> {
+        let ty = component.component_type();
+        let mut record = false;
+        let mut batch = false;
+        for (name, item) in ty.exports(&self.engine) {
+            if matches!(item.ty, ComponentItem::ComponentFunc(_)) {
+                record |= name == "handle";
+                batch |= name == "handle-batch";
+            }
+        }
+        match (record, batch) {
+            (true, _) => Ok(World::RecordHandler),
+            (false, true) => Ok(World::BatchHandler),
+            (false, false) => Err(PluginError::NoHandler {
+                path: path.to_owned(),
+            }),
+        }
+    }
+
+    /// Compiles and checks a plugin without running it: what `shardlane
+    /// check` prints.
+    ///
+    /// # Errors
+    /// Any [`PluginError`] that [`PluginHost::load`] would return.
+    pub fn inspect(&self, path: &Path) -> Result<PluginInfo, PluginError> {
+        let (component, digest) = self.compile(path)?;
+        let world = self.world_of(path, &component)?;
+        // Linking proves every import is provided and the export matches.
+        self.pre(path, &component, world)?;
+        let ty = component.component_type();
+        Ok(PluginInfo {
+            world,
+            digest,
+            imports: ty
+                .imports(&self.engine)
+                .map(|(n, _)| n.to_owned())
+                .collect(),
+            exports: ty
+                .exports(&self.engine)
+                .map(|(n, _)| n.to_owned())
+                .collect(),
+        })
+    }
+
+    fn pre(
+        &self,
+        path: &Path,
+        component: &Component,
+        world: World,
+    ) -> Result<PluginPre, PluginError> {
+        let pre = self.linker.instantiate_pre(component).map_err(|e| {
+            let reason = one_line(&e);
+            match reason.split('`').nth(1) {
+                Some(import) if reason.contains("import") => PluginError::MissingImport {
+                    path: path.to_owned(),
+                    import: import.to_owned(),
+                },
+                _ => PluginError::Link {
+                    path: path.to_owned(),
+                    reason,
+                },
+            }
+        })?;
+        let bad_export = |export, e: wasmtime::Error| PluginError::BadExport {
+            path: path.to_owned(),
+            export,
+            world,
+            reason: one_line(&e),
+        };
+        Ok(match world {
+            World::RecordHandler => {
+                PluginPre::Record(RecordHandlerPre::new(pre).map_err(|e| bad_export("handle", e))?)
+            }
+            World::BatchHandler => PluginPre::Batch(
+                BatchHandlerPre::new(pre).map_err(|e| bad_export("handle-batch", e))?,
+            ),
+        })
+    }
+
+    /// Compiles a plugin, tells its world and pre-instantiates it, for the
+    /// subscription whose log lines it will write.
+    ///
+    /// # Errors
+    /// A [`PluginError`] naming the file and the reason.
+    pub fn load(&self, path: &Path, subscription: SubscriptionName) -> Result<Plugin, PluginError> {
+        let (component, digest) = self.compile(path)?;
+        let world = self.world_of(path, &component)?;
+        let pre = self.pre(path, &component, world)?;
+        Ok(Plugin {
+            path: path.to_owned(),
+            digest,
+            world,
+            pre,
+            engine: self.engine.clone(),
+            subscription,
+        })
+    }
+}
+
+/// One line of an error chain, for messages that must stay on one line.
+fn one_line(e: &wasmtime::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] for as long as the
+/// engine lives (the thread holds only a weak reference).
+fn spawn_epoch_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("wasm-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })
+        // Spawning a thread only fails when the OS is out of threads at
+        // start-up; nothing sensible can run then.
+        .expect("cannot spawn the epoch ticker thread");
+}
+
+enum PluginPre {
+    Record(RecordHandlerPre<HostState>),
+    Batch(BatchHandlerPre<HostState>),
+}
+
+/// A compiled, linked, pre-instantiated plugin: immutable, shared by every
+/// lane of its subscription.
+pub struct Plugin {
+    path: PathBuf,
+    digest: PluginDigest,
+    world: World,
+    pre: PluginPre,
+    engine: Engine,
+    subscription: SubscriptionName,
+}
+
+impl Plugin {
+    /// The world it implements.
+    pub fn world(&self) -> World {
+        self.world
+    }
+
+    /// Its digest.
+    pub fn digest(&self) -> &PluginDigest {
+        &self.digest
+    }
+
+    /// Its file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A fresh instance in its own store.
+    ///
+    /// # Errors
+    /// [`PluginError::Instantiate`] when the pool is exhausted or the
+    /// guest's start-up traps.
+    pub async fn instantiate(&self) -> Result<Instance, PluginError> {
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        let state = HostState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limits: StoreLimitsBuilder::new()
+                .memory_size(DEFAULT_MAX_MEMORY)
+                .trap_on_grow_failure(true)
+                .build(),
+            subscription: self.subscription.clone(),
+            digest: self.digest.clone(),
+            call: CallContext::Idle,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        // Yield to the runtime at every tick: a looping guest neither holds
+        // a thread nor escapes `handler_timeout`.
+        store.epoch_deadline_async_yield_and_update(1);
+        let instantiate_error = |e: wasmtime::Error| PluginError::Instantiate {
+            path: self.path.clone(),
+            reason: one_line(&e),
+        };
+        let handler = match &self.pre {
+            PluginPre::Record(pre) => Handler::Record(
+                pre.instantiate_async(&mut store)
+                    .await
+                    .map_err(instantiate_error)?,
+            ),
+            PluginPre::Batch(pre) => Handler::Batch(
+                pre.instantiate_async(&mut store)
+                    .await
+                    .map_err(instantiate_error)?,
+            ),
+        };
+        Ok(Instance { store, handler })
+    }
+}
+
+enum Handler {
+    Record(RecordHandler),
+    Batch(BatchHandler),
+}
+
+/// One live instance. Not reusable after an `Err` from a call: drop it and
+/// instantiate afresh.
+pub struct Instance {
+    store: Store<HostState>,
+    handler: Handler,
+}
+
+fn to_wit(record: &Record, attempt: u32) -> KinesisRecord {
+    KinesisRecord {
+        stream: record.stream.as_str().to_owned(),
+        shard_id: record.shard.as_str().to_owned(),
+        partition_key: record.partition_key.as_str().to_owned(),
+        sequence_number: record.sequence.as_str().to_owned(),
+        approximate_arrival: record.arrival_ms,
+        data: record.data.clone(),
+        attempt,
+    }
+}
+
+impl Instance {
+    /// Calls `handle` for one record.
+    ///
+    /// # Errors
+    /// [`CallError`] on a trap or timeout; the instance must then be dropped.
+    pub async fn handle(
+        &mut self,
+        record: &Arc<Record>,
+        attempt: u32,
+        timeout: Duration,
+    ) -> Result<Outcome, CallError> {
+        let Handler::Record(handler) = &self.handler else {
+            return Err(CallError::WrongWorld(World::BatchHandler));
+        };
+        self.store.data_mut().call = CallContext::Record(record.clone());
+        let arg = to_wit(record, attempt);
+        let result =
+            tokio::time::timeout(timeout, handler.call_handle(&mut self.store, &arg)).await;
+        self.store.data_mut().call = CallContext::Idle;
+        match result {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(trap)) => Err(CallError::Trap(one_line(&trap))),
+            Err(_) => Err(CallError::Timeout(timeout)),
+        }
+    }
+
+    /// Calls `handle-batch` for a batch; one outcome per record, in order.
+    ///
+    /// # Errors
+    /// [`CallError`] on a trap, a timeout or a wrong-length answer; after a
+    /// trap or timeout the instance must be dropped.
+    pub async fn handle_batch(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+        timeout: Duration,
+    ) -> Result<Vec<Outcome>, CallError> {
+        let Handler::Batch(handler) = &self.handler else {
+            return Err(CallError::WrongWorld(World::RecordHandler));
+        };
+        let Some((first, _)) = records.first() else {
+            return Ok(Vec::new());
+        };
+        self.store.data_mut().call = CallContext::Batch {
+            first: first.clone(),
+            len: records.len(),
+        };
+        let args: Vec<KinesisRecord> = records.iter().map(|(r, a)| to_wit(r, *a)).collect();
+        let result =
+            tokio::time::timeout(timeout, handler.call_handle_batch(&mut self.store, &args)).await;
+        self.store.data_mut().call = CallContext::Idle;
+        match result {
+            Ok(Ok(outcomes)) if outcomes.len() == records.len() => Ok(outcomes),
+            Ok(Ok(outcomes)) => Err(CallError::WrongOutcomeCount {
+                got: outcomes.len(),
+                want: records.len(),
+            }),
+            Ok(Err(trap)) => Err(CallError::Trap(one_line(&trap))),
+            Err(_) => Err(CallError::Timeout(timeout)),
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! Settlement: turns out-of-order acks into safe, coalesced checkpoints.
+//!
+//! One settlement task per subscription owns a [`Watermark`] per shard.
+//! Readers tell it about every record they read (in shard order, before the
+//! record enters the channel), and the dispatch stage tells it when a record
+//! has settled (ack, reject). Acks may arrive in any order; the watermark only
+//! moves over the settled prefix, so the checkpoint never passes a record that
+//! has not settled, wherever that record is (in a reader's hands, in the
+//! channel, in a handler, waiting for a retry).
+//!
+//! Checkpoints are coalesced: at most one write request per shard per
+//! `checkpoint_every`, plus one right away for `SHARD_END` (children wait on
+//! it) and one final request per shard when the task ends. Requests go, in
+//! order, to the lease keeper, which owns the leases and performs the
+//! conditional write; one queue and one writer keep the writes of a shard
+//! serialized, so an older sequence number never overwrites a newer one.
+//!
+//! Reader sessions: each time a reader (re)opens a shard it starts a new
+//! session and offsets restart at 0. Tickets of an older session (records
+//! still in flight when a lease was lost) are ignored: the new session
+//! re-reads those records from the checkpoint.
+
+pub mod watermark;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::ids::{SequenceNumber, ShardId, SubscriptionName};
+pub use watermark::{Checkpoint, Offset, Settled, Watermark};
+
+/// Messages queued to the settlement task before it falls behind: it does
+/// O(1) work per message, so this only absorbs bursts.
+pub const SETTLEMENT_QUEUE: usize = 1024;
+
+/// Identifies one reader session of a shard.
+pub type SessionId = u64;
+
+/// Where one delivered record settles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    /// The record's shard.
+    pub shard: ShardId,
+    /// The reader session that read it.
+    pub session: SessionId,
+    /// Its offset within that session.
+    pub offset: Offset,
+}
+
+/// What readers and dispatch tell the settlement task.
+#[derive(Debug)]
+pub enum SettlementMsg {
+    /// A reader session opened the shard: start a fresh watermark.
+    Open {
+        /// The shard.
+        shard: ShardId,
+        /// The new session.
+        session: SessionId,
+    },
+    /// A reader read these records, in shard order; their offsets continue
+    /// from the session's previous ones.
+    Track {
+        /// The shard.
+        shard: ShardId,
+        /// The session.
+        session: SessionId,
+        /// The records' sequence numbers, in order.
+        sequences: Vec<SequenceNumber>,
+    },
+    /// The reader reached the end of a closed shard after its last record.
+    End {
+        /// The shard.
+        shard: ShardId,
+        /// The session.
+        session: SessionId,
+    },
+    /// A record settled (acked, or given up on by policy).
+    Settle(Ticket),
+}
+
+/// A checkpoint for the lease keeper to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointRequest {
+    /// The shard.
+    pub shard: ShardId,
+    /// The new checkpoint.
+    pub checkpoint: Checkpoint,
+}
+
+/// Sends to a settlement task.
+pub type SettlementSender = mpsc::Sender<SettlementMsg>;
+
+struct ShardState {
+    session: SessionId,
+    watermark: Watermark,
+    /// The last checkpoint requested.
+    requested: Option<Checkpoint>,
+    last_request: Option<Instant>,
+}
+
+/// The settlement stage of one subscription.
+pub struct Settlement {
+    subscription: SubscriptionName,
+    checkpoint_every: Duration,
+    shards: HashMap<ShardId, ShardState>,
+    checkpoints: mpsc::Sender<CheckpointRequest>,
+}
+
+impl Settlement {
+    /// A settlement stage sending checkpoint requests to `checkpoints`.
+    pub fn new(
+        subscription: SubscriptionName,
+        checkpoint_every: Duration,
+        checkpoints: mpsc::Sender<CheckpointRequest>,
+    ) -> Self {
+        Self {
+            subscription,
+            checkpoint_every,
+            shards: HashMap::new(),
+            checkpoints,
+        }
+    }
+
+    /// Runs until every sender of `inbox` is gone (readers stopped, dispatch
+    /// drained), then requests each shard's final checkpoint and returns.
+    pub async fn run(mut self, mut inbox: mpsc::Receiver<SettlementMsg>) {
+        // Tick often enough that a checkpoint is requested soon after
+        // `checkpoint_every` has passed, but never busy-loop.
+        let tick =
+            (self.checkpoint_every / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let mut ticker = tokio::time::interval(tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                msg = inbox.recv() => match msg {
+                    Some(msg) => self.apply(msg).await,
+                    None => break,
+                },
+                _ = ticker.tick() => self.flush(false).await,
+            }
+        }
+        self.flush(true).await;
+        tracing::debug!(subscription = %self.subscription, "settlement finished");
+    }
+
+    async fn apply(&mut self, msg: SettlementMsg) {
+        match msg {
+            SettlementMsg::Open { shard, session } => {
+                let previous = self.shards.insert(
+                    shard.clone(),
+                    ShardState {
+                        session,
+                        watermark: Watermark::new(),
+                        requested: None,
+                        last_request: None,
+                    },
+                );
+                if let Some(prev) = previous
+                    && prev.watermark.in_flight() > 0
+                {
+                    tracing::debug!(
+                        subscription = %self.subscription, shard_id = %shard,
+                        abandoned = prev.watermark.in_flight(),
+                        "shard reopened; records of the previous session will be read again"
+                    );
+                }
+            }
+            SettlementMsg::Track {
+                shard,
+                session,
+                sequences,
+            } => {
+                if let Some(state) = self.session(&shard, session) {
+                    for seq in sequences {
+                        state.watermark.track(seq);
+                    }
+                }
+            }
+            SettlementMsg::End { shard, session } => {
+                if let Some(state) = self.session(&shard, session) {
+                    state.watermark.track_end();
+                    self.request_if_ended(&shard).await;
+                }
+            }
+            SettlementMsg::Settle(ticket) => {
+                if let Some(state) = self.session(&ticket.shard, ticket.session) {
+                    if state.watermark.settle(ticket.offset) == Settled::Unknown {
+                        tracing::warn!(
+                            subscription = %self.subscription, shard_id = %ticket.shard,
+                            offset = ticket.offset, "settlement of an unknown or settled record ignored"
+                        );
+                    }
+                    self.request_if_ended(&ticket.shard).await;
+                }
+            }
+        }
+    }
+
+    fn session(&mut self, shard: &ShardId, session: SessionId) -> Option<&mut ShardState> {
+        self.shards
+            .get_mut(shard)
+            .filter(|state| state.session == session)
+    }
+
+    /// `SHARD_END` is requested at once: the shard's children wait for it.
+    async fn request_if_ended(&mut self, shard: &ShardId) {
+        let ended = self.shards.get(shard).is_some_and(|s| {
+            s.watermark.checkpoint() == Some(&Checkpoint::ShardEnd)
+                && s.requested.as_ref() != Some(&Checkpoint::ShardEnd)
+        });
+        if ended {
+            self.request(shard.clone()).await;
+        }
+    }
+
+    async fn flush(&mut self, all: bool) {
+        let now = Instant::now();
+        let due: Vec<ShardId> = self
+            .shards
+            .iter()
+            .filter(|(_, s)| {
+                s.watermark.checkpoint().is_some()
+                    && s.watermark.checkpoint() != s.requested.as_ref()
+                    && (all
+                        || s.last_request
+                            .is_none_or(|at| now.duration_since(at) >= self.checkpoint_every))
+            })
+            .map(|(shard, _)| shard.clone())
+            .collect();
+        for shard in due {
+            self.request(shard).await;
+        }
+    }
+
+    async fn request(&mut self, shard: ShardId) {
+        let Some(state) = self.shards.get_mut(&shard) else {
+            return;
+        };
+        let Some(checkpoint) = state.watermark.checkpoint().cloned() else {
+            return;
+        };
+        state.requested = Some(checkpoint.clone());
+        state.last_request = Some(Instant::now());
+        if checkpoint == Checkpoint::ShardEnd {
+            // Nothing more will be read from this shard.
+            self.shards.remove(&shard);
+        }
+        // The keeper outlives this task (it waits for our sender to close),
+        // so a send only fails if the keeper died; then nothing can be
+        // written anyway and the records will be read again.
+        if self
+            .checkpoints
+            .send(CheckpointRequest { shard, checkpoint })
+            .await
+            .is_err()
+        {
+            tracing::error!(subscription = %self.subscription, "lease keeper is gone; checkpoint not written");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(n: u64) -> SequenceNumber {
+        SequenceNumber::parse(&(100 + n).to_string()).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn coalesces_and_flushes_on_close() {
+        let (ck_tx, mut ck_rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(16);
+        let task = tokio::spawn(Settlement::new("s".into(), Duration::from_secs(1), ck_tx).run(rx));
+        let shard = ShardId::from("shard-0");
+        tx.send(SettlementMsg::Open {
+            shard: shard.clone(),
+            session: 1,
+        })
+        .await
+        .unwrap();
+        tx.send(SettlementMsg::Track {
+            shard: shard.clone(),
+            session: 1,
+            sequences: (0..3).map(seq).collect(),
+        })
+        .await
+        .unwrap();
+        let ticket = |offset| {
+            SettlementMsg::Settle(Ticket {
+                shard: shard.clone(),
+                session: 1,
+                offset,
+            })
+        };
+        tx.send(ticket(1)).await.unwrap();
+        tx.send(ticket(0)).await.unwrap();
+        let first = ck_rx.recv().await.unwrap();
+        assert_eq!(first.checkpoint, Checkpoint::Sequence(seq(1)));
+        // A stale session's ticket is ignored.
+        tx.send(SettlementMsg::Settle(Ticket {
+            shard: shard.clone(),
+            session: 0,
+            offset: 2,
+        }))
+        .await
+        .unwrap();
+        tx.send(ticket(2)).await.unwrap();
+        drop(tx);
+        let last = ck_rx.recv().await.unwrap();
+        assert_eq!(last.checkpoint, Checkpoint::Sequence(seq(2)));
+        task.await.unwrap();
+        assert!(ck_rx.recv().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shard_end_is_requested_at_once() {
+        let (ck_tx, mut ck_rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(16);
+        let _task =
+            tokio::spawn(Settlement::new("s".into(), Duration::from_secs(3600), ck_tx).run(rx));
+        let shard = ShardId::from("shard-0");
+        tx.send(SettlementMsg::Open {
+            shard: shard.clone(),
+            session: 1,
+        })
+        .await
+        .unwrap();
+        tx.send(SettlementMsg::Track {
+            shard: shard.clone(),
+            session: 1,
+            sequences: vec![seq(0)],
+        })
+        .await
+        .unwrap();
+        tx.send(SettlementMsg::End {
+            shard: shard.clone(),
+            session: 1,
+        })
+        .await
+        .unwrap();
+        tx.send(SettlementMsg::Settle(Ticket {
+            shard: shard.clone(),
+            session: 1,
+            offset: 0,
+        }))
+        .await
+        .unwrap();
+        // The first tick may already have requested seq(0); SHARD_END follows
+        // without waiting out the hour.
+        let mut got = ck_rx.recv().await.unwrap();
+        if got.checkpoint != Checkpoint::ShardEnd {
+            got = ck_rx.recv().await.unwrap();
+        }
+        assert_eq!(got.checkpoint, Checkpoint::ShardEnd);
+    }
+}

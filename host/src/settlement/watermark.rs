@@ -1,0 +1,292 @@
+//! The per-shard settlement watermark: a pure structure, no I/O.
+//!
+//! A shard's records are tracked in arrival order, each under an [`Offset`]
+//! (0, 1, 2, ... within one reader session). They settle in any order (acks
+//! from parallel lanes, rejects, dead-letters). The checkpoint is the
+//! sequence number of the last record of the longest settled prefix: it
+//! never passes a record that has not settled, and reaches the last record
+//! once all have. An end-of-shard marker, tracked after a closed shard's
+//! last record, turns the checkpoint into [`Checkpoint::ShardEnd`] once
+//! everything before it has settled.
+//!
+//! Cost: `track` and `settle` are O(1) amortised (a ring buffer indexed by
+//! offset); memory is one entry per record read but not yet below the
+//! watermark.
+
+use std::collections::VecDeque;
+
+use crate::ids::SequenceNumber;
+
+/// Where a shard's processing stands in the lease store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checkpoint {
+    /// Every record up to and including this one has settled.
+    Sequence(SequenceNumber),
+    /// The shard is closed and every record in it has settled: its children
+    /// may start.
+    ShardEnd,
+}
+
+impl Checkpoint {
+    /// The stored form: the sequence number, or `SHARD_END` as KCL writes it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Checkpoint::Sequence(seq) => seq.as_str(),
+            Checkpoint::ShardEnd => "SHARD_END",
+        }
+    }
+
+    /// Parses the stored form.
+    ///
+    /// # Errors
+    /// When the string is neither `SHARD_END` nor a sequence number.
+    pub fn parse(value: &str) -> Result<Self, crate::ids::SequenceNumberError> {
+        if value == "SHARD_END" {
+            Ok(Checkpoint::ShardEnd)
+        } else {
+            SequenceNumber::parse(value).map(Checkpoint::Sequence)
+        }
+    }
+}
+
+/// The position of a tracked record within its shard's reader session.
+pub type Offset = u64;
+
+#[derive(Debug)]
+enum Entry {
+    Record { seq: SequenceNumber, settled: bool },
+    End,
+}
+
+/// What [`Watermark::settle`] made of a settlement.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Recorded; the checkpoint moved (or not) accordingly.
+    Ok,
+    /// That offset had already settled, or was never tracked: ignored.
+    Unknown,
+}
+
+/// The settlement state of one shard (see the module docs).
+#[derive(Debug, Default)]
+pub struct Watermark {
+    /// Offset of `entries[0]`.
+    base: Offset,
+    entries: VecDeque<Entry>,
+    checkpoint: Option<Checkpoint>,
+}
+
+impl Watermark {
+    /// An empty watermark; offsets start at 0.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Tracks the next record read from the shard and returns its offset.
+    /// Records must be tracked in the order the shard returned them.
+    pub fn track(&mut self, seq: SequenceNumber) -> Offset {
+        debug_assert!(
+            !matches!(self.entries.back(), Some(Entry::End)),
+            "record tracked after the end of its shard"
+        );
+        self.entries.push_back(Entry::Record {
+            seq,
+            settled: false,
+        });
+        self.next_offset() - 1
+    }
+
+    /// Tracks the end of a closed shard, after its last record.
+    pub fn track_end(&mut self) {
+        self.entries.push_back(Entry::End);
+        self.advance();
+    }
+
+    /// The offset the next tracked record will get.
+    pub fn next_offset(&self) -> Offset {
+        self.base + self.entries.len() as Offset
+    }
+
+    /// Marks the record at `offset` as settled and moves the checkpoint over
+    /// every settled record at the front.
+    pub fn settle(&mut self, offset: Offset) -> Settled {
+        let Some(index) = offset.checked_sub(self.base) else {
+            return Settled::Unknown;
+        };
+        match self.entries.get_mut(index as usize) {
+            Some(Entry::Record { settled, .. }) if !*settled => {
+                *settled = true;
+                if index == 0 {
+                    self.advance();
+                }
+                Settled::Ok
+            }
+            _ => Settled::Unknown,
+        }
+    }
+
+    fn advance(&mut self) {
+        while let Some(front) = self.entries.front() {
+            match front {
+                Entry::Record { settled: true, .. } => {
+                    if let Some(Entry::Record { seq, .. }) = self.entries.pop_front() {
+                        self.checkpoint = Some(Checkpoint::Sequence(seq));
+                    }
+                    self.base += 1;
+                }
+                Entry::End => {
+                    self.entries.pop_front();
+                    self.base += 1;
+                    self.checkpoint = Some(Checkpoint::ShardEnd);
+                }
+                Entry::Record { settled: false, .. } => break,
+            }
+        }
+    }
+
+    /// The highest safe checkpoint, if any record has settled yet.
+    pub fn checkpoint(&self) -> Option<&Checkpoint> {
+        self.checkpoint.as_ref()
+    }
+
+    /// Records tracked but not yet below the watermark (settled records
+    /// waiting behind an unsettled one count too).
+    pub fn in_flight(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Record { .. }))
+            .count()
+    }
+
+    /// True when nothing tracked is left above the checkpoint.
+    pub fn is_drained(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn seq(n: u64) -> SequenceNumber {
+        SequenceNumber::parse(&(1_000_000 + n * 7).to_string()).unwrap()
+    }
+
+    #[test]
+    fn checkpoint_waits_for_the_oldest_record() {
+        let mut w = Watermark::new();
+        let offsets: Vec<_> = (0..4).map(|n| w.track(seq(n))).collect();
+        assert_eq!(offsets, vec![0, 1, 2, 3]);
+        assert_eq!(w.settle(2), Settled::Ok);
+        assert_eq!(w.settle(1), Settled::Ok);
+        assert_eq!(w.checkpoint(), None);
+        assert_eq!(w.settle(0), Settled::Ok);
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::Sequence(seq(2))));
+        assert_eq!(w.in_flight(), 1);
+        assert_eq!(w.settle(3), Settled::Ok);
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::Sequence(seq(3))));
+        assert!(w.is_drained());
+    }
+
+    #[test]
+    fn double_and_unknown_settlements_are_ignored() {
+        let mut w = Watermark::new();
+        w.track(seq(0));
+        w.track(seq(1));
+        assert_eq!(w.settle(1), Settled::Ok);
+        assert_eq!(w.settle(1), Settled::Unknown);
+        assert_eq!(w.settle(7), Settled::Unknown);
+        assert_eq!(w.settle(0), Settled::Ok);
+        assert_eq!(w.settle(0), Settled::Unknown);
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::Sequence(seq(1))));
+    }
+
+    #[test]
+    fn shard_end_only_after_everything_settled() {
+        let mut w = Watermark::new();
+        w.track(seq(0));
+        w.track(seq(1));
+        w.track_end();
+        w.settle(1);
+        assert_eq!(w.checkpoint(), None);
+        w.settle(0);
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::ShardEnd));
+        assert!(w.is_drained());
+    }
+
+    #[test]
+    fn empty_closed_shard_ends_at_once() {
+        let mut w = Watermark::new();
+        w.track_end();
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::ShardEnd));
+    }
+
+    #[test]
+    fn checkpoint_round_trips_through_its_stored_form() {
+        for cp in [Checkpoint::ShardEnd, Checkpoint::Sequence(seq(9))] {
+            assert_eq!(Checkpoint::parse(cp.as_str()).unwrap(), cp);
+        }
+    }
+
+    proptest! {
+        /// Any interleaving of settlements across several shards: a shard's
+        /// checkpoint is never at or above an unsettled record, and reaches
+        /// the last record once all have settled.
+        #[test]
+        fn never_passes_an_unsettled_record(
+            counts in proptest::collection::vec(1usize..40, 1..5),
+            order_seed in proptest::collection::vec(any::<u64>(), 200),
+            end in any::<bool>(),
+        ) {
+            let mut shards: Vec<Watermark> = counts.iter().map(|_| Watermark::new()).collect();
+            let mut pending: Vec<(usize, Offset)> = Vec::new();
+            for (s, &count) in counts.iter().enumerate() {
+                for n in 0..count {
+                    let off = shards[s].track(seq(n as u64));
+                    pending.push((s, off));
+                }
+                if end {
+                    shards[s].track_end();
+                }
+            }
+            let mut settled: Vec<Vec<bool>> = counts.iter().map(|&c| vec![false; c]).collect();
+            let mut i = 0;
+            while !pending.is_empty() {
+                let pick = (order_seed[i % order_seed.len()] as usize).wrapping_add(i) % pending.len();
+                i += 1;
+                let (s, off) = pending.swap_remove(pick);
+                prop_assert_eq!(shards[s].settle(off), Settled::Ok);
+                settled[s][off as usize] = true;
+                // The checkpoint covers exactly the settled prefix.
+                let prefix = settled[s].iter().take_while(|&&x| x).count();
+                match shards[s].checkpoint() {
+                    None => prop_assert_eq!(prefix, 0),
+                    Some(Checkpoint::Sequence(cp)) => {
+                        prop_assert!(prefix > 0);
+                        prop_assert_eq!(cp, &seq(prefix as u64 - 1));
+                        // Never at or above an unsettled record.
+                        for (n, done) in settled[s].iter().enumerate() {
+                            if !done {
+                                prop_assert!(cp < &seq(n as u64));
+                            }
+                        }
+                    }
+                    Some(Checkpoint::ShardEnd) => {
+                        prop_assert!(end);
+                        prop_assert!(settled[s].iter().all(|&x| x));
+                    }
+                }
+            }
+            for (s, w) in shards.iter().enumerate() {
+                let want = if end {
+                    Checkpoint::ShardEnd
+                } else {
+                    Checkpoint::Sequence(seq(counts[s] as u64 - 1))
+                };
+                prop_assert_eq!(w.checkpoint(), Some(&want));
+                prop_assert!(w.is_drained());
+            }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The supervisor: builds every subscription's pipeline, owns every task, and
+//! runs the ordered shutdown.
+//!
+//! Per subscription it wires, each stage a task talking through bounded
+//! channels:
+//!
+//! ```text
+//! lease keeper ──starts/stops──▶ shard readers ──▶ channel (64) ──▶ dispatch ──▶ plugin
+//!      ▲                              │ track                          │ settle
+//!      └──── checkpoint requests ── settlement ◀───────────────────────┘
+//! ```
+//!
+//! Start-up validates everything before any record is read: every plugin is
+//! compiled, checked for its world and linked; each stream must exist. A
+//! failure there returns one error naming the subscription and the reason.
+//!
+//! Shutdown order, once the injected `shutdown` future completes:
+//! 1. stop taking leases, and stop every reader (the keeper cancels and
+//!    joins them);
+//! 2. the channel closes once the readers' senders are gone;
+//! 3. dispatch drains what is in the channel, bounded by `shutdown_timeout`
+//!    (past it, dispatch stops and unhandled records stay unsettled);
+//! 4. settlement requests each shard's final checkpoint and ends;
+//! 5. the keeper writes those checkpoints and releases every lease, so
+//!    another instance can take over at once.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::channel;
+use crate::config::{Config, LeaseStoreKind, SubscriptionConfig};
+use crate::dispatch::Dispatcher;
+use crate::ids::OwnerId;
+use crate::kinesis;
+use crate::lease::LeaseStore;
+use crate::lease::keeper::{CHECKPOINT_QUEUE, Keeper};
+use crate::lease::memory::MemoryLeaseStore;
+use crate::plugin::{PluginHost, World};
+use crate::reader::ReaderContext;
+use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
+
+/// A unique owner id for this process: hostname, pid and a random suffix
+/// (pids repeat across restarts and containers).
+pub fn default_owner_id() -> OwnerId {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "host".to_owned());
+    let suffix: u32 = rand::random();
+    OwnerId::new(format!("{host}-{}-{suffix:08x}", std::process::id()))
+}
+
+struct Running {
+    name: String,
+    keeper_stop: CancellationToken,
+    hard_stop: CancellationToken,
+    shutdown_timeout: std::time::Duration,
+    keeper: JoinHandle<()>,
+    dispatcher: JoinHandle<()>,
+    settlement: JoinHandle<()>,
+}
+
+/// Runs every subscription of `config` until `shutdown` completes, then
+/// shuts down in order (module docs).
+///
+/// # Errors
+/// When start-up fails: a plugin that cannot be used, a stream that does not
+/// exist, a subscription whose plugin world does not fit its config.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let plugins = PluginHost::new().context("cannot start the WebAssembly engine")?;
+    let mut loaded = Vec::new();
+    for (i, sub) in config.subscriptions.iter().enumerate() {
+        let plugin = plugins
+            .load(&sub.plugin, sub.name.clone())
+            .with_context(|| format!("subscription[{i}] ({})", sub.name))?;
+        if plugin.world() == World::BatchHandler {
+            anyhow::bail!(
+                "subscription[{i}] ({}): plugin {} implements batch-handler, which needs `batch_size` in this subscription's config",
+                sub.name,
+                sub.plugin.display()
+            );
+        }
+        tracing::info!(
+            subscription = %sub.name, plugin = %sub.plugin.display(), digest = %plugin.digest(),
+            world = %plugin.world(), "plugin loaded"
+        );
+        loaded.push((Arc::new(sub.clone()), Arc::new(plugin)));
+    }
+
+    let client = kinesis::client(&config.aws).await;
+    for (i, (sub, _)) in loaded.iter().enumerate() {
+        check_stream(&client, sub)
+            .await
+            .with_context(|| format!("subscription[{i}] ({})", sub.name))?;
+    }
+
+    let store: Arc<dyn LeaseStore> = match config.lease.store {
+        LeaseStoreKind::Memory => Arc::new(MemoryLeaseStore::new()),
+    };
+    let owner = default_owner_id();
+    tracing::info!(owner = %owner, subscriptions = loaded.len(), "shardlane running");
+
+    let mut running = Vec::new();
+    for (sub, plugin) in loaded {
+        let (deliveries_tx, deliveries_rx) = channel::channel();
+        let (settle_tx, settle_rx) = mpsc::channel(SETTLEMENT_QUEUE);
+        let (checkpoint_tx, checkpoint_rx) = mpsc::channel(CHECKPOINT_QUEUE);
+        let keeper_stop = CancellationToken::new();
+        let hard_stop = CancellationToken::new();
+
+        let settlement = Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx);
+        let dispatcher = Dispatcher::new(sub.clone(), plugin, settle_tx.clone());
+        let keeper = Keeper::new(
+            sub.clone(),
+            config.lease.clone(),
+            owner.clone(),
+            store.clone(),
+            ReaderContext {
+                client: client.clone(),
+                subscription: sub.clone(),
+                deliveries: deliveries_tx,
+                settlement: settle_tx,
+            },
+        );
+        running.push(Running {
+            name: sub.name.to_string(),
+            shutdown_timeout: sub.shutdown_timeout,
+            settlement: tokio::spawn(settlement.run(settle_rx)),
+            dispatcher: tokio::spawn(dispatcher.run(deliveries_rx, hard_stop.clone())),
+            keeper: tokio::spawn(keeper.run(checkpoint_rx, keeper_stop.clone())),
+            keeper_stop,
+            hard_stop,
+        });
+    }
+
+    shutdown.await;
+    tracing::info!("shutting down: stopping readers, draining in-flight records");
+    for sub in &running {
+        sub.keeper_stop.cancel();
+        let hard_stop = sub.hard_stop.clone();
+        let timeout = sub.shutdown_timeout;
+        // Detached on purpose: it only fires a token, and ends with the
+        // runtime.
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            hard_stop.cancel();
+        });
+    }
+    let mut failed = false;
+    for sub in running {
+        for (stage, task) in [
+            ("dispatch", sub.dispatcher),
+            ("settlement", sub.settlement),
+            ("lease keeper", sub.keeper),
+        ] {
+            if let Err(e) = task.await {
+                failed = true;
+                tracing::error!(subscription = %sub.name, stage, error = %e, "task failed");
+            }
+        }
+    }
+    tracing::info!("shardlane stopped");
+    anyhow::ensure!(!failed, "a pipeline task failed during the run");
+    Ok(())
+}
+
+/// Fails when the stream does not exist; other errors (an endpoint not up
+/// yet) are logged and left to the readers' retries.
+async fn check_stream(
+    client: &aws_sdk_kinesis::Client,
+    sub: &SubscriptionConfig,
+) -> anyhow::Result<()> {
+    match client
+        .describe_stream_summary()
+        .stream_name(sub.stream.as_str())
+        .send()
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_resource_not_found_exception()) =>
+        {
+            anyhow::bail!("stream {:?} does not exist", sub.stream.as_str())
+        }
+        Err(e) => {
+            tracing::warn!(subscription = %sub.name, stream = %sub.stream, error = %aws_sdk_kinesis::error::DisplayErrorContext(&e), "cannot describe the stream yet; readers will keep trying");
+            Ok(())
+        }
+    }
+}

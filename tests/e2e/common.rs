@@ -1,0 +1,64 @@
+//! Helpers shared by the end-to-end tests.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use shardlane_testkit::LogLine;
+
+/// The host binary under test.
+pub fn shardlane_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_shardlane"))
+}
+
+/// A one-subscription config for `stream`, with extra lines appended to the
+/// subscription block.
+pub fn config(name: &str, stream: &str, plugin: &Path, extra: &str) -> String {
+    format!(
+        r#"
+[aws]
+region = "us-east-1"
+
+[lease]
+store = "memory"
+shard_sync_every = "1s"
+
+[[subscription]]
+name = "{name}"
+stream = "{stream}"
+plugin = "{plugin}"
+poll_idle = "50ms"
+checkpoint_every = "200ms"
+{extra}
+"#,
+        plugin = plugin.display()
+    )
+}
+
+/// The string value of a field of a JSON log line.
+pub fn field<'a>(line: &'a LogLine, name: &str) -> &'a str {
+    line[name].as_str().unwrap_or_default()
+}
+
+/// Guest log lines (`target` = `guest`) whose message starts with `prefix`.
+pub fn guest_lines<'a>(lines: &'a [LogLine], prefix: &str) -> Vec<&'a LogLine> {
+    lines
+        .iter()
+        .filter(|l| field(l, "target") == "guest" && field(l, "message").starts_with(prefix))
+        .collect()
+}
+
+/// Groups guest lines' sequence numbers by shard, in handling order.
+pub fn sequences_by_shard(lines: &[&LogLine]) -> HashMap<String, Vec<String>> {
+    let mut out: HashMap<String, Vec<String>> = HashMap::new();
+    for line in lines {
+        out.entry(field(line, "shard_id").to_owned())
+            .or_default()
+            .push(field(line, "sequence_number").to_owned());
+    }
+    out
+}
+
+/// Orders sequence numbers numerically (length, then digits).
+pub fn seq_key(s: &str) -> (usize, &str) {
+    (s.len(), s)
+}

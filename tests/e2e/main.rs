@@ -1,0 +1,10 @@
+//! End-to-end tests: the real `shardlane` binary against real emulators.
+//!
+//! One test binary, one module per topic (as in wasmtime's `tests/all`).
+//! Every test that needs Kinesis starts its own `kinesis-local` on a free
+//! port with random stream names, and fails loudly when it cannot start.
+
+mod check;
+mod common;
+mod config;
+mod pipeline;

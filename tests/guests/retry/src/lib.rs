@@ -1,0 +1,29 @@
+//! Test plugin: logs `handled data=<data> attempt=<n>` for every call, and
+//! returns `retry` for records whose data starts with `retry` on their first
+//! attempt (ack on the second); acks everything else.
+
+wit_bindgen::generate!({
+    world: "record-handler",
+    path: "../../../wit",
+});
+
+use shardlane::plugin::log::{Level, log};
+
+struct Retry;
+
+impl Guest for Retry {
+    fn handle(record: KinesisRecord) -> Outcome {
+        let data = String::from_utf8_lossy(&record.data);
+        log(
+            Level::Info,
+            &format!("handled data={data} attempt={}", record.attempt),
+        );
+        if data.starts_with("retry") && record.attempt < 2 {
+            Outcome::Retry(format!("{data} wants a second attempt"))
+        } else {
+            Outcome::Ack
+        }
+    }
+}
+
+export!(Retry);

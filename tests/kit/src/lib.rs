@@ -1,0 +1,501 @@
+//! The test and demo harness: real emulators on free loopback ports, the
+//! Wasm guests built from source, and a shardlane host process to watch.
+//!
+//! - [`Kinesis`] starts `kinesis-local` (npm, pinned in
+//!   `tests/emulators/package.json` + lock, installed on first use) on a free
+//!   port and gives an SDK client for it. It fails loudly, with the
+//!   emulator's own output, when it cannot start: tests never skip.
+//! - [`guests`] builds the Rust example plugins and the test fixture plugins
+//!   for `wasm32-wasip2` (adding the target when missing), once per process.
+//! - [`HostProcess`] runs the `shardlane` binary on a config, collects its
+//!   JSON log lines, lets a test wait for a condition with a deadline, and
+//!   stops it with SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use aws_sdk_kinesis::Client;
+use aws_sdk_kinesis::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::{PutRecordsRequestEntry, StreamStatus};
+
+/// The repository's root folder.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the testkit lives two levels below the repository root")
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("cannot bind a loopback port")
+}
+
+/// A name no other test run uses.
+pub fn unique_name(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}-{}-{nanos:x}", std::process::id())
+}
+
+fn run_checked(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+    let output = cmd
+        .output()
+        .with_context(|| format!("{what}: cannot run {cmd:?}"))?;
+    if !output.status.success() {
+        bail!(
+            "{what} failed ({}):\n{}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Installs the npm emulators (once per process) and returns their folder.
+pub fn emulators_dir() -> anyhow::Result<PathBuf> {
+    static INSTALLED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            let dir = repo_root().join("tests/emulators");
+            let ready = dir.join("node_modules/kinesis-local/main.js").exists()
+                && dir.join("node_modules/dynalite/cli.js").exists();
+            if !ready {
+                run_checked(
+                    Command::new("npm")
+                        .args(["ci", "--no-audit", "--no-fund"])
+                        .current_dir(&dir),
+                    "installing the emulators with npm ci",
+                )
+                .map_err(|e| format!("{e:#}"))?;
+            }
+            Ok(dir)
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+/// A running `kinesis-local` emulator, killed on drop.
+pub struct Kinesis {
+    child: Child,
+    endpoint: String,
+    log: PathBuf,
+}
+
+impl Kinesis {
+    /// Starts the emulator on a free port and waits until it answers.
+    ///
+    /// # Errors
+    /// When npm, node or the emulator cannot start, with its output.
+    pub async fn start() -> anyhow::Result<Self> {
+        let dir = emulators_dir()?.join("node_modules/kinesis-local");
+        let port = free_port();
+        let tls_port = free_port();
+        let log = std::env::temp_dir().join(format!("kinesis-local-{port}.log"));
+        let log_file = std::fs::File::create(&log)?;
+        let child = Command::new("node")
+            .arg("main.js")
+            .current_dir(&dir)
+            .env("KINESIS_MOCK_PLAIN_PORT", port.to_string())
+            .env("KINESIS_MOCK_TLS_PORT", tls_port.to_string())
+            .env("LOG_LEVEL", "WARN")
+            // Streams become ACTIVE quickly: tests create many.
+            .env("CREATE_STREAM_DURATION", "100ms")
+            .env("DELETE_STREAM_DURATION", "100ms")
+            .env("SPLIT_SHARD_DURATION", "100ms")
+            .env("MERGE_SHARDS_DURATION", "100ms")
+            .env("SHARD_LIMIT", "200")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .context("cannot start kinesis-local with node (is Node.js installed?)")?;
+        let mut kinesis = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            log,
+        };
+        let client = kinesis.client();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = kinesis.child.try_wait()? {
+                bail!(
+                    "kinesis-local exited at start-up ({status}):\n{}",
+                    kinesis.output()
+                );
+            }
+            if client.list_streams().send().await.is_ok() {
+                return Ok(kinesis);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "kinesis-local did not answer on {} within 60 s:\n{}",
+                    kinesis.endpoint,
+                    kinesis.output()
+                );
+            }
+            // Polling for the port to answer; start-up takes about a second.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// What the emulator printed so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its plain-HTTP endpoint, for `AWS_ENDPOINT_URL_KINESIS`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// An SDK client for it, with static test credentials.
+    pub fn client(&self) -> Client {
+        let config = aws_sdk_kinesis::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new(
+                "test",
+                "test",
+                None,
+                None,
+                "shardlane-testkit",
+            ))
+            .endpoint_url(&self.endpoint)
+            .build();
+        Client::from_conf(config)
+    }
+
+    /// Creates a stream and waits until it is ACTIVE.
+    ///
+    /// # Errors
+    /// When the emulator refuses or the stream never becomes active.
+    pub async fn create_stream(&self, name: &str, shards: i32) -> anyhow::Result<()> {
+        let client = self.client();
+        client
+            .create_stream()
+            .stream_name(name)
+            .shard_count(shards)
+            .send()
+            .await
+            .with_context(|| format!("CreateStream {name}"))?;
+        self.wait_active(name).await
+    }
+
+    /// Waits until a stream is ACTIVE (after create, split or merge).
+    ///
+    /// # Errors
+    /// When it is not within 30 s.
+    pub async fn wait_active(&self, name: &str) -> anyhow::Result<()> {
+        let client = self.client();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let summary = client
+                .describe_stream_summary()
+                .stream_name(name)
+                .send()
+                .await?;
+            if summary
+                .stream_description_summary()
+                .is_some_and(|s| s.stream_status() == &StreamStatus::Active)
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("stream {name} not ACTIVE within 30 s");
+            }
+            // Polling the stream's status; the emulator flips it after
+            // CREATE_STREAM_DURATION.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Puts records (partition key, data) in order, in PutRecords calls of
+    /// up to 500, and returns each record's (shard id, sequence number).
+    /// Records that Kinesis refuses are put again, keeping the order of
+    /// each key.
+    ///
+    /// # Errors
+    /// When a call fails.
+    pub async fn put_records(
+        &self,
+        stream: &str,
+        records: &[(String, Vec<u8>)],
+    ) -> anyhow::Result<Vec<(String, String)>> {
+        let client = self.client();
+        let mut out = Vec::with_capacity(records.len());
+        for chunk in records.chunks(500) {
+            // One record at a time when a batch partly fails, so per-key
+            // order is never broken by a partial retry.
+            let entries: Vec<_> = chunk
+                .iter()
+                .map(|(key, data)| {
+                    PutRecordsRequestEntry::builder()
+                        .partition_key(key)
+                        .data(Blob::new(data.clone()))
+                        .build()
+                        .expect("key and data are set")
+                })
+                .collect();
+            let result = client
+                .put_records()
+                .stream_name(stream)
+                .set_records(Some(entries))
+                .send()
+                .await
+                .context("PutRecords")?;
+            if result.failed_record_count().unwrap_or(0) > 0 {
+                bail!(
+                    "PutRecords refused {:?} records",
+                    result.failed_record_count()
+                );
+            }
+            for r in result.records() {
+                out.push((
+                    r.shard_id().unwrap_or_default().to_owned(),
+                    r.sequence_number().unwrap_or_default().to_owned(),
+                ));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Kinesis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// The compiled guest plugins.
+pub mod guests {
+    use super::*;
+
+    /// Paths of every guest the tests use.
+    #[derive(Debug, Clone)]
+    pub struct Guests {
+        /// `guest-examples/rust/echo`.
+        pub echo: PathBuf,
+        /// `tests/guests/retry`: retries records whose data starts with
+        /// `retry` once.
+        pub retry: PathBuf,
+        /// `tests/guests/other-world`: a component of another world.
+        pub other_world: PathBuf,
+    }
+
+    /// Builds every guest once per process (release, wasm32-wasip2) into
+    /// `target/guests`, adding the Rust target when it is missing.
+    ///
+    /// # Errors
+    /// When the target cannot be added or a guest does not build.
+    pub fn build() -> anyhow::Result<Guests> {
+        static BUILT: OnceLock<Result<Guests, String>> = OnceLock::new();
+        BUILT
+            .get_or_init(|| build_all().map_err(|e| format!("{e:#}")))
+            .clone()
+            .map_err(anyhow::Error::msg)
+    }
+
+    fn build_all() -> anyhow::Result<Guests> {
+        let root = repo_root();
+        let installed = Command::new("rustup")
+            .args(["target", "list", "--installed"])
+            .output()
+            .context("cannot run rustup")?;
+        if !String::from_utf8_lossy(&installed.stdout)
+            .lines()
+            .any(|l| l.trim() == "wasm32-wasip2")
+        {
+            run_checked(
+                Command::new("rustup").args(["target", "add", "wasm32-wasip2"]),
+                "adding the wasm32-wasip2 target",
+            )?;
+        }
+        let target_dir = root.join("target/guests");
+        for workspace in ["guest-examples/rust", "tests/guests"] {
+            run_checked(
+                Command::new("cargo")
+                    .args([
+                        "build",
+                        "--release",
+                        "--target",
+                        "wasm32-wasip2",
+                        "--workspace",
+                    ])
+                    .arg("--manifest-path")
+                    .arg(root.join(workspace).join("Cargo.toml"))
+                    .arg("--target-dir")
+                    .arg(&target_dir)
+                    // Not the outer cargo's settings (e.g. its target dir).
+                    .env_remove("CARGO_TARGET_DIR")
+                    .env_remove("RUSTFLAGS"),
+                &format!("building the guests in {workspace}"),
+            )?;
+        }
+        let out = target_dir.join("wasm32-wasip2/release");
+        Ok(Guests {
+            echo: out.join("echo.wasm"),
+            retry: out.join("retry.wasm"),
+            other_world: out.join("other_world.wasm"),
+        })
+    }
+}
+
+/// One log line of a host process, parsed from its JSON output.
+pub type LogLine = serde_json::Value;
+
+/// A running `shardlane run` process with JSON logs, stopped on drop.
+pub struct HostProcess {
+    child: Child,
+    lines: Arc<Mutex<Vec<LogLine>>>,
+    stderr: Arc<Mutex<String>>,
+    _dir: tempfile::TempDir,
+}
+
+impl HostProcess {
+    /// Writes `config` to a temporary file and runs `bin run --config` on it
+    /// against the emulator at `kinesis_endpoint`, logging JSON.
+    ///
+    /// # Errors
+    /// When the process cannot start.
+    pub fn start(bin: &Path, config: &str, kinesis_endpoint: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let config_path = dir.path().join("shardlane.toml");
+        std::fs::write(&config_path, config)?;
+        let mut child = Command::new(bin)
+            .args(["run", "--log-format", "json", "--config"])
+            .arg(&config_path)
+            .env("AWS_ENDPOINT_URL_KINESIS", kinesis_endpoint)
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {}", bin.display()))?;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let parsed = serde_json::from_str(&line)
+                    .unwrap_or_else(|_| serde_json::json!({ "unparsed": line }));
+                sink.lock().unwrap().push(parsed);
+            }
+        });
+        let stderr_text = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let sink = stderr_text.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut text = sink.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+        Ok(Self {
+            child,
+            lines,
+            stderr: stderr_text,
+            _dir: dir,
+        })
+    }
+
+    /// Every log line so far.
+    pub fn lines(&self) -> Vec<LogLine> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Log lines whose `message` starts with `prefix`.
+    pub fn messages(&self, prefix: &str) -> Vec<LogLine> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l["message"].as_str().is_some_and(|m| m.starts_with(prefix)))
+            .collect()
+    }
+
+    /// Waits until `done` holds for the log lines, polling; fails with the
+    /// last lines when `within` passes or the process exits.
+    ///
+    /// # Errors
+    /// On timeout or an early exit.
+    pub async fn wait_for(
+        &mut self,
+        what: &str,
+        within: Duration,
+        done: impl Fn(&[LogLine]) -> bool,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            if done(&self.lines.lock().unwrap()) {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "host exited ({status}) while waiting for {what}\n{}",
+                    self.tail()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "timed out after {within:?} waiting for {what}\n{}",
+                    self.tail()
+                );
+            }
+            // Polling the collected log lines.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn tail(&self) -> String {
+        let lines = self.lines();
+        let start = lines.len().saturating_sub(40);
+        let mut out: Vec<String> = lines[start..].iter().map(|l| l.to_string()).collect();
+        out.push(format!("stderr: {}", self.stderr.lock().unwrap()));
+        out.join("\n")
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    ///
+    /// # Errors
+    /// When the process does not exit within 30 s.
+    pub async fn terminate(&mut self) -> anyhow::Result<ExitStatus> {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("host did not exit within 30 s of SIGTERM\n{}", self.tail());
+            }
+            // Polling for the exit.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
