@@ -7,10 +7,12 @@
 //! service can handle, and the records held in memory stay bounded (a reader
 //! holds at most one GetRecords response, `read_limit` records, while it
 //! waits). A delivery is one record plus the [`Ticket`] that settles it.
+//!
+//! The channel is multi-consumer (`async-channel`) so that unordered
+//! workers take from it directly, with no extra hop; the channel closes when
+//! the last reader's sender is dropped, and dispatch drains what is left.
 
 use std::sync::Arc;
-
-use tokio::sync::mpsc;
 
 use crate::ids::{PartitionKey, SequenceNumber, ShardId, StreamName};
 use crate::settlement::Ticket;
@@ -49,11 +51,12 @@ pub struct Delivery {
 }
 
 /// The sending half, one clone per reader.
-pub type DeliverySender = mpsc::Sender<Delivery>;
-/// The receiving half, owned by the dispatch stage.
-pub type DeliveryReceiver = mpsc::Receiver<Delivery>;
+pub type DeliverySender = async_channel::Sender<Delivery>;
+/// The receiving half, owned by the dispatch stage. Multi-consumer: in
+/// `workers` mode every lane takes from it directly.
+pub type DeliveryReceiver = async_channel::Receiver<Delivery>;
 
 /// Creates a subscription's channel.
 pub fn channel() -> (DeliverySender, DeliveryReceiver) {
-    mpsc::channel(CHANNEL_CAPACITY)
+    async_channel::bounded(CHANNEL_CAPACITY)
 }

@@ -104,6 +104,38 @@ pub enum StartPosition {
     AtTimestamp(SystemTime),
 }
 
+/// How a subscription's records are spread over handlers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DispatchMode {
+    /// One handler call at a time, in arrival order.
+    Sequential,
+    /// Up to n calls at once, in no particular order.
+    Workers(usize),
+    /// n lanes; a record goes to the lane its partition key hashes to, so a
+    /// key's records keep their order.
+    ByKey(usize),
+}
+
+impl DispatchMode {
+    /// How many lanes (handler instances) the mode runs.
+    pub fn lanes(self) -> usize {
+        match self {
+            DispatchMode::Sequential => 1,
+            DispatchMode::Workers(n) | DispatchMode::ByKey(n) => n,
+        }
+    }
+}
+
+/// Batch handling: `handle-batch` with up to `size` records, or what arrived
+/// within `window` of the batch's first record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// Most records per call.
+    pub size: usize,
+    /// Longest a batch stays open after its first record.
+    pub window: Duration,
+}
+
 /// One subscription: a stream, a plugin, and how to read.
 #[derive(Debug, Clone)]
 pub struct SubscriptionConfig {
@@ -129,6 +161,10 @@ pub struct SubscriptionConfig {
     pub retry_backoff_max: Duration,
     /// How long shutdown waits for in-flight records to be handled.
     pub shutdown_timeout: Duration,
+    /// Sequential, workers or by-key lanes.
+    pub dispatch: DispatchMode,
+    /// Batch handling, for batch-handler plugins.
+    pub batch: Option<BatchConfig>,
 }
 
 /// Defaults, with the reasoning behind each.
@@ -152,6 +188,13 @@ pub mod defaults {
     pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(30);
     /// Time given to in-flight records on shutdown.
     pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Lambda's default window: a batch waits at most this long for more
+    /// records after its first.
+    pub const BATCH_WINDOW: Duration = Duration::from_millis(50);
+    /// Most lanes a subscription may run: each owns a Wasm instance.
+    pub const MAX_WORKERS: i64 = 256;
+    /// Most records per batch (Lambda's Kinesis maximum).
+    pub const MAX_BATCH_SIZE: i64 = 10_000;
     /// KCL's default: a lease whose counter has not moved for 10 s is free.
     pub const LEASE_DURATION: Duration = Duration::from_secs(10);
     /// Renew three times per lease duration, so one slow renewal is harmless.
@@ -200,6 +243,10 @@ struct RawSubscription {
     handler_timeout: Option<String>,
     retry_backoff: Option<RawBackoff>,
     shutdown_timeout: Option<String>,
+    workers: Option<i64>,
+    by_key: Option<bool>,
+    batch_size: Option<i64>,
+    batch_window: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -413,7 +460,54 @@ impl Validator<'_> {
                     "must not be shorter than retry_backoff.initial",
                 ));
             }
+            let dispatch = match (sub.workers, sub.by_key.unwrap_or(false)) {
+                (None, false) => DispatchMode::Sequential,
+                (None, true) => {
+                    return Err(self.invalid(
+                        at("by_key"),
+                        "needs `workers`: by_key spreads keys over `workers` lanes",
+                    ));
+                }
+                (Some(n @ 1..=defaults::MAX_WORKERS), by_key) => {
+                    if by_key {
+                        DispatchMode::ByKey(n as usize)
+                    } else {
+                        DispatchMode::Workers(n as usize)
+                    }
+                }
+                (Some(n), _) => {
+                    return Err(self.invalid(
+                        at("workers"),
+                        format!("{n} is out of range: 1 to {}", defaults::MAX_WORKERS),
+                    ));
+                }
+            };
+            let batch = match (sub.batch_size, sub.batch_window) {
+                (None, None) => None,
+                (None, Some(_)) => {
+                    return Err(self.invalid(
+                        at("batch_window"),
+                        "needs `batch_size`: the window only applies to batches",
+                    ));
+                }
+                (Some(size @ 1..=defaults::MAX_BATCH_SIZE), window) => Some(BatchConfig {
+                    size: size as usize,
+                    window: self.duration(
+                        &at("batch_window"),
+                        window.as_deref(),
+                        defaults::BATCH_WINDOW,
+                    )?,
+                }),
+                (Some(size), _) => {
+                    return Err(self.invalid(
+                        at("batch_size"),
+                        format!("{size} is out of range: 1 to {}", defaults::MAX_BATCH_SIZE),
+                    ));
+                }
+            };
             subscriptions.push(SubscriptionConfig {
+                dispatch,
+                batch,
                 name: SubscriptionName::new(sub.name),
                 stream: StreamName::new(sub.stream),
                 plugin: sub.plugin,
@@ -555,6 +649,49 @@ start = { at_timestamp = "2026-12-01T00:00:00Z" }
         assert!(err.contains("subscription[1].name"), "{err}");
         let err = parse("").unwrap_err();
         assert!(err.contains("no [[subscription]]"), "{err}");
+    }
+
+    #[test]
+    fn dispatch_modes_and_batches() {
+        let sub =
+            |extra: &str| parse(&format!("{MINIMAL}{extra}")).map(|c| c.subscriptions[0].clone());
+        assert_eq!(sub("").unwrap().dispatch, DispatchMode::Sequential);
+        assert_eq!(
+            sub("workers = 4\n").unwrap().dispatch,
+            DispatchMode::Workers(4)
+        );
+        assert_eq!(
+            sub("workers = 4\nby_key = true\n").unwrap().dispatch,
+            DispatchMode::ByKey(4)
+        );
+        let batch = sub("batch_size = 100\n").unwrap().batch.unwrap();
+        assert_eq!(batch.size, 100);
+        assert_eq!(batch.window, defaults::BATCH_WINDOW);
+        let batch = sub("batch_size = 5\nbatch_window = \"2s\"\n")
+            .unwrap()
+            .batch
+            .unwrap();
+        assert_eq!(batch.window, Duration::from_secs(2));
+        assert!(
+            sub("by_key = true\n")
+                .unwrap_err()
+                .contains("subscription[0].by_key")
+        );
+        assert!(
+            sub("workers = 0\n")
+                .unwrap_err()
+                .contains("subscription[0].workers")
+        );
+        assert!(
+            sub("batch_size = 0\n")
+                .unwrap_err()
+                .contains("subscription[0].batch_size")
+        );
+        assert!(
+            sub("batch_window = \"1s\"\n")
+                .unwrap_err()
+                .contains("subscription[0].batch_window")
+        );
     }
 
     #[test]

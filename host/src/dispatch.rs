@@ -1,158 +1,214 @@
-//! Dispatch: takes deliveries off the subscription channel and runs the
-//! handler on them.
+//! Dispatch: takes deliveries off the subscription channel and spreads them
+//! over lanes, each lane owning one handler instance.
 //!
-//! Sequential mode (the default): one loop owns one plugin [`Instance`] and
-//! handles one record at a time, in channel order, so every shard keeps its
-//! order and nothing runs side by side.
+//! # Modes
+//! - **Sequential** (default): one lane takes from the channel directly and
+//!   handles one record (or batch) at a time, in arrival order: every shard
+//!   keeps its order and nothing runs side by side.
+//! - **`workers = n`**: n lanes take from the channel directly (it is
+//!   multi-consumer), each whenever it is free: up to n calls at once, in no
+//!   particular order. A slow call holds only its own lane.
+//! - **`workers = n, by_key = true`**: a router (this task) takes from the
+//!   channel and sends each record to the lane its partition key hashes to
+//!   ([`routing`]), into that lane's bounded inbox of [`LANE_INBOX`]
+//!   deliveries. A key's records never spread over two lanes, so the order
+//!   Kinesis keeps for a key is kept. Lanes fewer than keys serve several keys
+//!   each.
 //!
-//! Per record: `ack` and `reject` settle it; `retry`, a trap and a timeout
-//! deliver the same record again, with `attempt` + 1 and a jittered,
-//! doubling backoff, before anything after it on this loop is handled (never
-//! skipped). After a trap or timeout the instance is dropped and a fresh one
-//! made from the pre-instantiated component.
+//! # Head-of-line behaviour (by_key)
+//! The router hands records out in channel order. When the lane a record
+//! needs has a full inbox (its handler is slow, or retrying a record), the
+//! router waits for that lane; meanwhile the other lanes finish their inboxes
+//! and then idle, the channel fills, and every reader waits. One slow key
+//! therefore slows the whole subscription down to its pace once its lane's
+//! inbox is full — the price of never reordering a key and of bounded
+//! memory. The inbox size decides how much a lane may lag before that
+//! happens.
 //!
-//! Shutdown: the loop ends when the channel is closed and empty (all readers
-//! stopped), or at once when `hard_stop` fires (the shutdown timeout): a
-//! record cut off there has not settled, so the checkpoint stays below it
-//! and it is read again after a restart.
+//! # Batches
+//! With `batch_size`, each lane collects up to `batch_size` deliveries, or
+//! what arrived within `batch_window` of the batch's first one
+//! ([`batch::BatchCollector`]), and calls `handle-batch`. A batch may mix
+//! shards; each record settles by its own outcome. In by_key mode each lane
+//! batches only its own keys, so per-key order holds across batches.
+//!
+//! # Retries and failures
+//! `ack` and `reject` settle a record. `retry`, a trap and a timeout deliver
+//! the same record again on the same lane, with `attempt` + 1 after a
+//! jittered, doubling backoff, before anything after it on that lane (a
+//! batch's retried records are called again, alone, before the lane takes
+//! new ones). After a trap or timeout the lane drops its instance and makes a
+//! fresh one. A batch answered with the wrong number of outcomes fails as a
+//! whole (a guest error) and is retried.
+//!
+//! # Shutdown
+//! Lanes end when the channel is closed and drained (all readers stopped),
+//! or at once when `hard_stop` fires (the shutdown timeout): a record cut off
+//! there has not settled, so the checkpoint stays below it.
+//!
+//! The handler is abstract ([`HandlerFactory`]): a Wasm plugin in the
+//! service, a native no-op in the dispatch benchmark.
 
+pub mod batch;
+mod lane;
+pub mod routing;
+
+use std::future::Future;
 use std::sync::Arc;
 
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::Backoff;
-use crate::channel::{Delivery, DeliveryReceiver};
-use crate::config::SubscriptionConfig;
-use crate::plugin::{CallError, Instance, Outcome, Plugin};
-use crate::settlement::{SettlementMsg, SettlementSender};
+use crate::channel::{Delivery, DeliveryReceiver, Record};
+use crate::config::{DispatchMode, SubscriptionConfig};
+use crate::ids::LaneId;
+use crate::plugin::{CallError, Instance, Outcome, Plugin, PluginError};
+use crate::settlement::SettlementSender;
+use lane::Lane;
 
-/// The dispatch stage of one subscription.
-pub struct Dispatcher {
-    subscription: Arc<SubscriptionConfig>,
-    plugin: Arc<Plugin>,
-    settlement: SettlementSender,
-    instance: Option<Instance>,
+/// Deliveries a by_key lane's inbox holds before the router waits for it
+/// (see "Head-of-line behaviour"). Enough to keep a lane busy while the
+/// router serves the others; small, since it adds to what is read ahead.
+pub const LANE_INBOX: usize = 32;
+
+/// One handler instance, owned by one lane.
+pub trait Handler: Send + 'static {
+    /// Handles one record.
+    fn handle(
+        &mut self,
+        record: &Arc<Record>,
+        attempt: u32,
+    ) -> impl Future<Output = Result<Outcome, CallError>> + Send;
+
+    /// Handles a batch; one outcome per record, in order.
+    fn handle_batch(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+    ) -> impl Future<Output = Result<Vec<Outcome>, CallError>> + Send;
 }
 
-impl Dispatcher {
-    /// A dispatcher calling `plugin` and settling through `settlement`.
+/// Makes handler instances: one per lane, and a fresh one after a trap.
+pub trait HandlerFactory: Send + Sync + 'static {
+    /// The instances it makes.
+    type Handler: Handler;
+
+    /// A fresh instance for `lane`.
+    fn create(
+        &self,
+        lane: LaneId,
+    ) -> impl Future<Output = Result<Self::Handler, PluginError>> + Send;
+}
+
+impl Handler for Instance {
+    fn handle(
+        &mut self,
+        record: &Arc<Record>,
+        attempt: u32,
+    ) -> impl Future<Output = Result<Outcome, CallError>> + Send {
+        Instance::handle(self, record, attempt)
+    }
+
+    fn handle_batch(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+    ) -> impl Future<Output = Result<Vec<Outcome>, CallError>> + Send {
+        Instance::handle_batch(self, records)
+    }
+}
+
+impl HandlerFactory for Plugin {
+    type Handler = Instance;
+
+    fn create(&self, lane: LaneId) -> impl Future<Output = Result<Instance, PluginError>> + Send {
+        self.instantiate(lane)
+    }
+}
+
+/// The dispatch stage of one subscription.
+pub struct Dispatcher<F> {
+    subscription: Arc<SubscriptionConfig>,
+    factory: Arc<F>,
+    settlement: SettlementSender,
+}
+
+impl<F: HandlerFactory> Dispatcher<F> {
+    /// A dispatcher calling handlers from `factory` and settling through
+    /// `settlement`.
     pub fn new(
         subscription: Arc<SubscriptionConfig>,
-        plugin: Arc<Plugin>,
+        factory: Arc<F>,
         settlement: SettlementSender,
     ) -> Self {
         Self {
             subscription,
-            plugin,
+            factory,
             settlement,
-            instance: None,
         }
+    }
+
+    fn lane(&self, id: usize) -> Lane<F> {
+        Lane::new(
+            LaneId(id as u32),
+            self.subscription.clone(),
+            self.factory.clone(),
+            self.settlement.clone(),
+        )
     }
 
     /// Runs until the channel is closed and drained, or `hard_stop`.
-    pub async fn run(mut self, mut deliveries: DeliveryReceiver, hard_stop: CancellationToken) {
-        loop {
-            let delivery = tokio::select! {
-                biased;
-                _ = hard_stop.cancelled() => break,
-                d = deliveries.recv() => match d {
-                    Some(d) => d,
-                    None => break,
-                },
-            };
-            if !self.deliver(delivery, &hard_stop).await {
-                break;
+    pub async fn run(self, deliveries: DeliveryReceiver, hard_stop: CancellationToken) {
+        let mut lanes = JoinSet::new();
+        match self.subscription.dispatch {
+            DispatchMode::Sequential | DispatchMode::Workers(_) => {
+                for id in 0..self.subscription.dispatch.lanes() {
+                    lanes.spawn(self.lane(id).run(deliveries.clone(), hard_stop.clone()));
+                }
+                drop(deliveries);
+            }
+            DispatchMode::ByKey(n) => {
+                let mut inboxes = Vec::with_capacity(n);
+                for id in 0..n {
+                    let (tx, rx) = async_channel::bounded(LANE_INBOX);
+                    inboxes.push(tx);
+                    lanes.spawn(self.lane(id).run(rx, hard_stop.clone()));
+                }
+                route_by_key(&deliveries, &inboxes, &hard_stop).await;
+                // Dropping the inboxes' senders lets each lane drain and end.
             }
         }
-        let left = deliveries.len();
-        if left > 0 {
-            tracing::warn!(subscription = %self.subscription.name, left, "shutdown timeout: records left unhandled will be read again");
-        }
-    }
-
-    /// Handles one record until it settles. False when `hard_stop` cut it
-    /// off.
-    async fn deliver(&mut self, delivery: Delivery, hard_stop: &CancellationToken) -> bool {
-        let Delivery { record, ticket } = delivery;
-        let sub = &self.subscription;
-        let mut backoff = Backoff::new(sub.retry_backoff_initial, sub.retry_backoff_max);
-        let mut attempt: u32 = 1;
-        loop {
-            let instance = match self.instance.as_mut() {
-                Some(instance) => instance,
-                None => {
-                    let made = tokio::select! {
-                        _ = hard_stop.cancelled() => return false,
-                        made = self.plugin.instantiate() => made,
-                    };
-                    match made {
-                        Ok(instance) => self.instance.insert(instance),
-                        Err(e) => {
-                            tracing::error!(subscription = %sub.name, error = %e, "cannot instantiate plugin; retrying");
-                            if !sleep(backoff.next_wait(), hard_stop).await {
-                                return false;
-                            }
-                            continue;
-                        }
-                    }
-                }
-            };
-            let result = tokio::select! {
-                _ = hard_stop.cancelled() => return false,
-                r = instance.handle(&record, attempt, sub.handler_timeout) => r,
-            };
-            let fields = (
-                sub.name.as_str(),
-                record.shard.as_str(),
-                record.sequence.as_str(),
-            );
-            match result {
-                Ok(Outcome::Ack) => break,
-                Ok(Outcome::Reject(reason)) => {
-                    tracing::warn!(
-                        subscription = fields.0,
-                        shard_id = fields.1,
-                        sequence_number = fields.2,
-                        attempt,
-                        reason,
-                        "record rejected by the handler; settled"
-                    );
-                    break;
-                }
-                Ok(Outcome::Retry(reason)) => {
-                    tracing::info!(
-                        subscription = fields.0,
-                        shard_id = fields.1,
-                        sequence_number = fields.2,
-                        attempt,
-                        reason,
-                        "handler asked to retry"
-                    );
-                }
-                Err(e @ (CallError::Trap(_) | CallError::Timeout(_))) => {
-                    tracing::warn!(subscription = fields.0, shard_id = fields.1, sequence_number = fields.2, attempt, error = %e, "handler failed; instance recycled, record will be retried");
-                    self.instance = None;
-                }
-                Err(e) => {
-                    tracing::error!(subscription = fields.0, shard_id = fields.1, sequence_number = fields.2, attempt, error = %e, "handler call failed; record will be retried");
-                    self.instance = None;
-                }
-            }
-            attempt = attempt.saturating_add(1);
-            if !sleep(backoff.next_wait(), hard_stop).await {
-                return false;
+        while let Some(joined) = lanes.join_next().await {
+            if let Err(e) = joined {
+                tracing::error!(subscription = %self.subscription.name, error = %e, "lane task failed");
             }
         }
-        // Settlement outlives dispatch (it ends when we drop our sender), so
-        // this only fails if it died, in which case nothing can checkpoint.
-        let _ = self.settlement.send(SettlementMsg::Settle(ticket)).await;
-        true
     }
 }
 
-async fn sleep(wait: std::time::Duration, stop: &CancellationToken) -> bool {
-    tokio::select! {
-        _ = stop.cancelled() => false,
-        _ = tokio::time::sleep(wait) => true,
+/// Moves deliveries from the channel into their key's lane inbox until the
+/// channel is closed and drained, or `hard_stop`.
+async fn route_by_key(
+    deliveries: &DeliveryReceiver,
+    inboxes: &[async_channel::Sender<Delivery>],
+    hard_stop: &CancellationToken,
+) {
+    loop {
+        let delivery = tokio::select! {
+            biased;
+            _ = hard_stop.cancelled() => return,
+            d = deliveries.recv() => match d {
+                Ok(d) => d,
+                Err(_) => return,
+            },
+        };
+        let lane = routing::lane_for(&delivery.record.partition_key, inboxes.len());
+        tokio::select! {
+            biased;
+            _ = hard_stop.cancelled() => return,
+            sent = inboxes[lane].send(delivery) => if sent.is_err() {
+                // A lane only closes its inbox by ending, which it does
+                // only on hard_stop: nothing more can be handled.
+                return;
+            },
+        }
     }
 }

@@ -70,6 +70,17 @@ name_type!(
     OwnerId
 );
 
+/// One lane of a subscription's dispatch stage (0-based): one handler
+/// instance, one record or batch at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LaneId(pub u32);
+
+impl fmt::Display for LaneId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
 /// A Kinesis sequence number: a decimal string of up to 129 digits.
 ///
 /// Ordered numerically without ever parsing into a fixed-width integer: a

@@ -39,7 +39,7 @@ use wasmtime::{
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::channel::Record;
-use crate::ids::SubscriptionName;
+use crate::ids::{LaneId, SubscriptionName};
 use bindings::batch::{BatchHandler, BatchHandlerPre};
 use bindings::record::{RecordHandler, RecordHandlerPre};
 pub use bindings::{KinesisRecord, Level, Outcome};
@@ -238,6 +238,7 @@ pub struct HostState {
     table: ResourceTable,
     limits: StoreLimits,
     subscription: SubscriptionName,
+    lane: LaneId,
     digest: PluginDigest,
     call: CallContext,
 }
@@ -277,11 +278,13 @@ impl bindings::log::Host for HostState {
         }
         let subscription = self.subscription.as_str();
         let plugin = self.digest.short();
+        let lane = self.lane.0;
         match &self.call {
             CallContext::Record(r) => guest_event!(
                 level,
                 subscription,
                 plugin,
+                lane,
                 stream = r.stream.as_str(),
                 shard_id = r.shard.as_str(),
                 sequence_number = r.sequence.as_str(),
@@ -292,6 +295,7 @@ impl bindings::log::Host for HostState {
                 level,
                 subscription,
                 plugin,
+                lane,
                 stream = first.stream.as_str(),
                 shard_id = first.shard.as_str(),
                 sequence_number = first.sequence.as_str(),
@@ -299,7 +303,7 @@ impl bindings::log::Host for HostState {
                 batch_len = len,
                 "{message}"
             ),
-            CallContext::Idle => guest_event!(level, subscription, plugin, "{message}"),
+            CallContext::Idle => guest_event!(level, subscription, plugin, lane, "{message}"),
         }
     }
 }
@@ -452,11 +456,17 @@ impl PluginHost {
     }
 
     /// Compiles a plugin, tells its world and pre-instantiates it, for the
-    /// subscription whose log lines it will write.
+    /// subscription whose log lines it will write; each call of its
+    /// instances is cut off after `handler_timeout`.
     ///
     /// # Errors
     /// A [`PluginError`] naming the file and the reason.
-    pub fn load(&self, path: &Path, subscription: SubscriptionName) -> Result<Plugin, PluginError> {
+    pub fn load(
+        &self,
+        path: &Path,
+        subscription: SubscriptionName,
+        handler_timeout: Duration,
+    ) -> Result<Plugin, PluginError> {
         let (component, digest) = self.compile(path)?;
         let world = self.world_of(path, &component)?;
         let pre = self.pre(path, &component, world)?;
@@ -467,6 +477,7 @@ impl PluginHost {
             pre,
             engine: self.engine.clone(),
             subscription,
+            handler_timeout,
         })
     }
 }
@@ -508,6 +519,7 @@ pub struct Plugin {
     pre: PluginPre,
     engine: Engine,
     subscription: SubscriptionName,
+    handler_timeout: Duration,
 }
 
 impl Plugin {
@@ -531,7 +543,7 @@ impl Plugin {
     /// # Errors
     /// [`PluginError::Instantiate`] when the pool is exhausted or the
     /// guest's start-up traps.
-    pub async fn instantiate(&self) -> Result<Instance, PluginError> {
+    pub async fn instantiate(&self, lane: LaneId) -> Result<Instance, PluginError> {
         let mut wasi = WasiCtxBuilder::new();
         wasi.allow_tcp(false)
             .allow_udp(false)
@@ -544,6 +556,7 @@ impl Plugin {
                 .trap_on_grow_failure(true)
                 .build(),
             subscription: self.subscription.clone(),
+            lane,
             digest: self.digest.clone(),
             call: CallContext::Idle,
         };
@@ -568,7 +581,11 @@ impl Plugin {
                     .map_err(instantiate_error)?,
             ),
         };
-        Ok(Instance { store, handler })
+        Ok(Instance {
+            store,
+            handler,
+            timeout: self.handler_timeout,
+        })
     }
 }
 
@@ -577,11 +594,12 @@ enum Handler {
     Batch(BatchHandler),
 }
 
-/// One live instance. Not reusable after an `Err` from a call: drop it and
+/// One live instance. Not reusable after a trap or timeout: drop it and
 /// instantiate afresh.
 pub struct Instance {
     store: Store<HostState>,
     handler: Handler,
+    timeout: Duration,
 }
 
 fn to_wit(record: &Record, attempt: u32) -> KinesisRecord {
@@ -605,8 +623,8 @@ impl Instance {
         &mut self,
         record: &Arc<Record>,
         attempt: u32,
-        timeout: Duration,
     ) -> Result<Outcome, CallError> {
+        let timeout = self.timeout;
         let Handler::Record(handler) = &self.handler else {
             return Err(CallError::WrongWorld(World::BatchHandler));
         };
@@ -630,8 +648,8 @@ impl Instance {
     pub async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
-        timeout: Duration,
     ) -> Result<Vec<Outcome>, CallError> {
+        let timeout = self.timeout;
         let Handler::Batch(handler) = &self.handler else {
             return Err(CallError::WrongWorld(World::RecordHandler));
         };

@@ -78,6 +78,8 @@ pub enum SettlementMsg {
     },
     /// A record settled (acked, or given up on by policy).
     Settle(Ticket),
+    /// Several records settled (a batch's outcomes), in any order.
+    SettleMany(Vec<Ticket>),
 }
 
 /// A checkpoint for the lease keeper to write.
@@ -106,6 +108,9 @@ pub struct Settlement {
     checkpoint_every: Duration,
     shards: HashMap<ShardId, ShardState>,
     checkpoints: mpsc::Sender<CheckpointRequest>,
+    /// Records read but not settled, over all shards, now and at most.
+    unsettled: usize,
+    max_unsettled: usize,
 }
 
 impl Settlement {
@@ -120,6 +125,8 @@ impl Settlement {
             checkpoint_every,
             shards: HashMap::new(),
             checkpoints,
+            unsettled: 0,
+            max_unsettled: 0,
         }
     }
 
@@ -142,7 +149,10 @@ impl Settlement {
             }
         }
         self.flush(true).await;
-        tracing::debug!(subscription = %self.subscription, "settlement finished");
+        tracing::info!(
+            subscription = %self.subscription, unsettled = self.unsettled,
+            max_unsettled = self.max_unsettled, "settlement finished"
+        );
     }
 
     async fn apply(&mut self, msg: SettlementMsg) {
@@ -160,6 +170,7 @@ impl Settlement {
                 if let Some(prev) = previous
                     && prev.watermark.in_flight() > 0
                 {
+                    self.unsettled -= prev.watermark.unsettled();
                     tracing::debug!(
                         subscription = %self.subscription, shard_id = %shard,
                         abandoned = prev.watermark.in_flight(),
@@ -173,9 +184,12 @@ impl Settlement {
                 sequences,
             } => {
                 if let Some(state) = self.session(&shard, session) {
+                    let count = sequences.len();
                     for seq in sequences {
                         state.watermark.track(seq);
                     }
+                    self.unsettled += count;
+                    self.max_unsettled = self.max_unsettled.max(self.unsettled);
                 }
             }
             SettlementMsg::End { shard, session } => {
@@ -184,18 +198,36 @@ impl Settlement {
                     self.request_if_ended(&shard).await;
                 }
             }
-            SettlementMsg::Settle(ticket) => {
-                if let Some(state) = self.session(&ticket.shard, ticket.session) {
-                    if state.watermark.settle(ticket.offset) == Settled::Unknown {
-                        tracing::warn!(
-                            subscription = %self.subscription, shard_id = %ticket.shard,
-                            offset = ticket.offset, "settlement of an unknown or settled record ignored"
-                        );
-                    }
-                    self.request_if_ended(&ticket.shard).await;
+            SettlementMsg::Settle(ticket) => self.settle(ticket).await,
+            SettlementMsg::SettleMany(tickets) => {
+                for ticket in tickets {
+                    self.settle(ticket).await;
                 }
             }
         }
+    }
+
+    async fn settle(&mut self, ticket: Ticket) {
+        let Some(state) = self.session(&ticket.shard, ticket.session) else {
+            return;
+        };
+        if state.watermark.settle(ticket.offset) == Settled::Unknown {
+            tracing::warn!(
+                subscription = %self.subscription, shard_id = %ticket.shard,
+                offset = ticket.offset, "settlement of an unknown or settled record ignored"
+            );
+            return;
+        }
+        let ended = state.watermark.checkpoint() == Some(&Checkpoint::ShardEnd);
+        self.unsettled -= 1;
+        if ended {
+            self.request_if_ended(&ticket.shard).await;
+        }
+    }
+
+    /// Records read but not yet settled, now.
+    pub fn unsettled(&self) -> usize {
+        self.unsettled
     }
 
     fn session(&mut self, shard: &ShardId, session: SessionId) -> Option<&mut ShardState> {

@@ -78,18 +78,24 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let mut loaded = Vec::new();
     for (i, sub) in config.subscriptions.iter().enumerate() {
         let plugin = plugins
-            .load(&sub.plugin, sub.name.clone())
+            .load(&sub.plugin, sub.name.clone(), sub.handler_timeout)
             .with_context(|| format!("subscription[{i}] ({})", sub.name))?;
-        if plugin.world() == World::BatchHandler {
-            anyhow::bail!(
-                "subscription[{i}] ({}): plugin {} implements batch-handler, which needs `batch_size` in this subscription's config",
+        match (plugin.world(), sub.batch) {
+            (World::BatchHandler, None) => anyhow::bail!(
+                "subscription[{i}] ({}): plugin {} implements batch-handler (exports `handle-batch`): set `batch_size` for it",
                 sub.name,
                 sub.plugin.display()
-            );
+            ),
+            (World::RecordHandler, Some(_)) => anyhow::bail!(
+                "subscription[{i}] ({}): `batch_size` needs a batch-handler plugin, but {} implements record-handler (exports `handle`, not `handle-batch`)",
+                sub.name,
+                sub.plugin.display()
+            ),
+            _ => {}
         }
         tracing::info!(
             subscription = %sub.name, plugin = %sub.plugin.display(), digest = %plugin.digest(),
-            world = %plugin.world(), "plugin loaded"
+            world = %plugin.world(), mode = ?sub.dispatch, batch = ?sub.batch, "plugin loaded"
         );
         loaded.push((Arc::new(sub.clone()), Arc::new(plugin)));
     }

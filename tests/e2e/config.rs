@@ -73,3 +73,27 @@ plugin = "/nonexistent/plugin.wasm"
     assert!(stderr.contains("subscription[0] (a)"), "{stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
 }
+
+#[test]
+fn plugin_world_must_fit_the_batch_config() {
+    let guests = shardlane_testkit::guests::build().unwrap();
+    let (ok, stderr) = run_with(&format!(
+        "[[subscription]]\nname = \"b\"\nstream = \"s\"\nplugin = \"{}\"\n",
+        guests.batch.display()
+    ));
+    assert!(!ok);
+    assert!(stderr.contains("implements batch-handler"), "{stderr}");
+    assert!(stderr.contains("set `batch_size`"), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+
+    let (ok, stderr) = run_with(&format!(
+        "[[subscription]]\nname = \"r\"\nstream = \"s\"\nplugin = \"{}\"\nbatch_size = 10\n",
+        guests.echo.display()
+    ));
+    assert!(!ok);
+    assert!(
+        stderr.contains("`batch_size` needs a batch-handler plugin"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+}

@@ -4,7 +4,9 @@
 //! Every test that needs Kinesis starts its own `kinesis-local` on a free
 //! port with random stream names, and fails loudly when it cannot start.
 
+mod batches;
 mod check;
 mod common;
 mod config;
+mod lanes;
 mod pipeline;

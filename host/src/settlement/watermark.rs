@@ -74,6 +74,8 @@ pub struct Watermark {
     base: Offset,
     entries: VecDeque<Entry>,
     checkpoint: Option<Checkpoint>,
+    /// Tracked records not settled yet.
+    unsettled: usize,
 }
 
 impl Watermark {
@@ -93,6 +95,7 @@ impl Watermark {
             seq,
             settled: false,
         });
+        self.unsettled += 1;
         self.next_offset() - 1
     }
 
@@ -116,6 +119,7 @@ impl Watermark {
         match self.entries.get_mut(index as usize) {
             Some(Entry::Record { settled, .. }) if !*settled => {
                 *settled = true;
+                self.unsettled -= 1;
                 if index == 0 {
                     self.advance();
                 }
@@ -158,6 +162,11 @@ impl Watermark {
             .count()
     }
 
+    /// Records tracked and not settled yet: read but not yet handled.
+    pub fn unsettled(&self) -> usize {
+        self.unsettled
+    }
+
     /// True when nothing tracked is left above the checkpoint.
     pub fn is_drained(&self) -> bool {
         self.entries.is_empty()
@@ -181,6 +190,8 @@ mod tests {
         assert_eq!(w.settle(2), Settled::Ok);
         assert_eq!(w.settle(1), Settled::Ok);
         assert_eq!(w.checkpoint(), None);
+        assert_eq!(w.unsettled(), 2);
+        assert_eq!(w.in_flight(), 4);
         assert_eq!(w.settle(0), Settled::Ok);
         assert_eq!(w.checkpoint(), Some(&Checkpoint::Sequence(seq(2))));
         assert_eq!(w.in_flight(), 1);

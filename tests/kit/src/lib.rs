@@ -295,6 +295,10 @@ pub mod guests {
         pub retry: PathBuf,
         /// `tests/guests/other-world`: a component of another world.
         pub other_world: PathBuf,
+        /// `tests/guests/slow`: logs enter/exit around a `sleep=<ms>;`.
+        pub slow: PathBuf,
+        /// `tests/guests/batch`: a batch-handler with per-record outcomes.
+        pub batch: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -351,6 +355,8 @@ pub mod guests {
             echo: out.join("echo.wasm"),
             retry: out.join("retry.wasm"),
             other_world: out.join("other_world.wasm"),
+            slow: out.join("slow.wasm"),
+            batch: out.join("batch.wasm"),
         })
     }
 }
@@ -383,7 +389,8 @@ impl HostProcess {
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
             .env("AWS_REGION", "us-east-1")
-            .env("RUST_LOG", "info")
+            // Checkpoint writes are debug events; tests assert on them.
+            .env("RUST_LOG", "info,shardlane::lease=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
