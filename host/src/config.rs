@@ -69,22 +69,49 @@ pub struct AwsConfig {
     pub region: Option<String>,
     /// Kinesis endpoint override (e.g. a local emulator).
     pub endpoint_url: Option<String>,
+    /// DynamoDB endpoint override, for the dynamodb lease store.
+    pub dynamodb_endpoint_url: Option<String>,
 }
 
-/// Which lease store backs leases and checkpoints.
+/// Which lease store backs leases and checkpoints (as written in config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LeaseStoreKind {
+    /// In this process only.
+    Memory,
+    /// An embedded database on local disk.
+    File,
+    /// A DynamoDB table shared by many instances.
+    Dynamodb,
+}
+
+/// The lease store, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseBackend {
     /// In this process only: every instance reads every shard, and
     /// checkpoints are lost on restart.
     Memory,
+    /// A crash-safe embedded database in folder `path`, for one instance.
+    File {
+        /// The folder.
+        path: PathBuf,
+    },
+    /// A DynamoDB table shared by any number of instances.
+    DynamoDb {
+        /// The table.
+        table: String,
+        /// Create it at start-up when missing.
+        create_table: bool,
+    },
 }
 
 /// Lease timing and the store.
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {
     /// The backend.
-    pub store: LeaseStoreKind,
+    pub store: LeaseBackend,
+    /// This instance's owner id; `None`: hostname, pid and a random suffix.
+    pub owner_id: Option<String>,
     /// How long a lease whose counter has not moved counts as alive.
     pub lease_duration: Duration,
     /// How often held leases are renewed.
@@ -201,6 +228,8 @@ pub mod defaults {
     pub const RENEW_EVERY: Duration = Duration::from_secs(3);
     /// Picks up new shards after a reshard within this interval.
     pub const SHARD_SYNC_EVERY: Duration = Duration::from_secs(10);
+    /// Where the file lease store keeps its database.
+    pub const FILE_STORE_PATH: &str = "shardlane-state";
 }
 
 #[derive(Deserialize)]
@@ -219,12 +248,17 @@ struct RawConfig {
 struct RawAws {
     region: Option<String>,
     endpoint_url: Option<String>,
+    dynamodb_endpoint_url: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawLease {
     store: Option<LeaseStoreKind>,
+    path: Option<PathBuf>,
+    table: Option<String>,
+    create_table: Option<bool>,
+    owner_id: Option<String>,
     lease_duration: Option<String>,
     renew_every: Option<String>,
     shard_sync_every: Option<String>,
@@ -354,8 +388,51 @@ impl Validator<'_> {
     }
 
     fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+        let store = match raw.lease.store.unwrap_or(LeaseStoreKind::File) {
+            LeaseStoreKind::Memory => LeaseBackend::Memory,
+            LeaseStoreKind::File => LeaseBackend::File {
+                path: raw
+                    .lease
+                    .path
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(defaults::FILE_STORE_PATH)),
+            },
+            LeaseStoreKind::Dynamodb => match raw.lease.table.clone() {
+                Some(table) if !table.trim().is_empty() => LeaseBackend::DynamoDb {
+                    table,
+                    create_table: raw.lease.create_table.unwrap_or(false),
+                },
+                _ => {
+                    return Err(
+                        self.invalid("lease.table", "store = \"dynamodb\" needs the table's name")
+                    );
+                }
+            },
+        };
+        if raw.lease.path.is_some() && !matches!(store, LeaseBackend::File { .. }) {
+            return Err(self.invalid("lease.path", "only applies to store = \"file\""));
+        }
+        if (raw.lease.table.is_some() || raw.lease.create_table.is_some())
+            && !matches!(store, LeaseBackend::DynamoDb { .. })
+        {
+            let key = if raw.lease.table.is_some() {
+                "lease.table"
+            } else {
+                "lease.create_table"
+            };
+            return Err(self.invalid(key, "only applies to store = \"dynamodb\""));
+        }
+        if raw
+            .lease
+            .owner_id
+            .as_deref()
+            .is_some_and(|o| o.trim().is_empty())
+        {
+            return Err(self.invalid("lease.owner_id", "must not be empty"));
+        }
         let lease = LeaseConfig {
-            store: raw.lease.store.unwrap_or(LeaseStoreKind::Memory),
+            store,
+            owner_id: raw.lease.owner_id.clone(),
             lease_duration: self.duration(
                 "lease.lease_duration",
                 raw.lease.lease_duration.as_deref(),
@@ -541,6 +618,7 @@ impl Validator<'_> {
             aws: AwsConfig {
                 region: raw.aws.region,
                 endpoint_url: raw.aws.endpoint_url,
+                dynamodb_endpoint_url: raw.aws.dynamodb_endpoint_url,
             },
             lease,
             subscriptions,
@@ -571,7 +649,13 @@ plugin = "echo.wasm"
         assert_eq!(sub.start, StartPosition::Latest);
         assert_eq!(sub.poll_idle, defaults::POLL_IDLE);
         assert_eq!(sub.checkpoint_every, defaults::CHECKPOINT_EVERY);
-        assert_eq!(config.lease.store, LeaseStoreKind::Memory);
+        assert_eq!(
+            config.lease.store,
+            LeaseBackend::File {
+                path: PathBuf::from("shardlane-state")
+            },
+            "the file store is the default"
+        );
     }
 
     #[test]
@@ -691,6 +775,41 @@ start = { at_timestamp = "2026-12-01T00:00:00Z" }
             sub("batch_window = \"1s\"\n")
                 .unwrap_err()
                 .contains("subscription[0].batch_window")
+        );
+    }
+
+    #[test]
+    fn lease_stores() {
+        let lease =
+            |text: &str| parse(&format!("[lease]\n{text}\n{MINIMAL}")).map(|c| c.lease.store);
+        assert_eq!(lease("store = \"memory\"").unwrap(), LeaseBackend::Memory);
+        assert_eq!(
+            lease("store = \"file\"\npath = \"/var/lib/x\"").unwrap(),
+            LeaseBackend::File {
+                path: "/var/lib/x".into()
+            }
+        );
+        assert_eq!(
+            lease("store = \"dynamodb\"\ntable = \"leases\"\ncreate_table = true").unwrap(),
+            LeaseBackend::DynamoDb {
+                table: "leases".into(),
+                create_table: true
+            }
+        );
+        assert!(
+            lease("store = \"dynamodb\"")
+                .unwrap_err()
+                .contains("lease.table")
+        );
+        assert!(
+            lease("store = \"memory\"\ntable = \"t\"")
+                .unwrap_err()
+                .contains("lease.table")
+        );
+        assert!(
+            lease("store = \"dynamodb\"\ntable = \"t\"\npath = \"p\"")
+                .unwrap_err()
+                .contains("lease.path")
         );
     }
 

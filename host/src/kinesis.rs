@@ -23,8 +23,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Deadline of one attempt within a call.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Builds a Kinesis client from the environment and `[aws]`.
-pub async fn client(aws: &AwsConfig) -> Client {
+async fn sdk_config(aws: &AwsConfig) -> aws_config::SdkConfig {
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
         .timeout_config(
             TimeoutConfig::builder()
@@ -37,12 +36,29 @@ pub async fn client(aws: &AwsConfig) -> Client {
     if let Some(region) = &aws.region {
         loader = loader.region(Region::new(region.clone()));
     }
-    let sdk = loader.load().await;
+    loader.load().await
+}
+
+/// Builds a Kinesis client from the environment and `[aws]`.
+pub async fn client(aws: &AwsConfig) -> Client {
+    let sdk = sdk_config(aws).await;
     let mut config = aws_sdk_kinesis::config::Builder::from(&sdk);
     if let Some(url) = &aws.endpoint_url {
         config = config.endpoint_url(url);
     }
     Client::from_conf(config.build())
+}
+
+/// Builds a DynamoDB client (for the lease store) the same way:
+/// `AWS_ENDPOINT_URL_DYNAMODB` or `[aws] dynamodb_endpoint_url` point it at
+/// an emulator.
+pub async fn dynamodb_client(aws: &AwsConfig) -> aws_sdk_dynamodb::Client {
+    let sdk = sdk_config(aws).await;
+    let mut config = aws_sdk_dynamodb::config::Builder::from(&sdk);
+    if let Some(url) = &aws.dynamodb_endpoint_url {
+        config = config.endpoint_url(url);
+    }
+    aws_sdk_dynamodb::Client::from_conf(config.build())
 }
 
 /// A shard as ListShards describes it.

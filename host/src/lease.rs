@@ -13,13 +13,26 @@
 //!   expiry is judged by the taker watching the counter, never by comparing
 //!   clocks of different hosts).
 //!
+//! Hand-over: an instance below its fair share may ask an owner to hand a
+//! lease over (`request_handoff` marks the lease without touching its
+//! counter). The owner learns of it at its next renewal, stops that shard's
+//! reader, lets what is in flight settle, writes the final checkpoint and
+//! releases the lease; the asker takes it at its next sync and starts after
+//! that checkpoint.
+//!
 //! Backends live in `lease/*`: [`memory::MemoryLeaseStore`] (this process
-//! only). The [`keeper`] task owns the leases a subscription holds: it
-//! discovers shards, takes free leases, starts and stops readers, renews on
-//! its own timer and writes the checkpoints settlement asks for.
+//! only), [`file::FileLeaseStore`] (embedded, crash-safe, one instance),
+//! [`dynamodb::DynamoDbLeaseStore`] (a table shared by a fleet). The
+//! [`planner`] decides which leases to take and which to ask for; the
+//! [`keeper`] task owns the leases a subscription holds: it discovers shards,
+//! takes leases, starts and stops readers, renews on its own timer and writes
+//! the checkpoints settlement asks for.
 
+pub mod dynamodb;
+pub mod file;
 pub mod keeper;
 pub mod memory;
+pub mod planner;
 
 use std::fmt;
 
@@ -57,6 +70,8 @@ pub struct Lease {
     pub counter: u64,
     /// Where processing of the shard stands.
     pub checkpoint: Option<Checkpoint>,
+    /// Another instance asked the owner to hand this lease over.
+    pub handoff: Option<OwnerId>,
 }
 
 /// A lease this process holds, as of its last successful write.
@@ -70,6 +85,8 @@ pub struct HeldLease {
     pub counter: u64,
     /// The checkpoint when we took it (where the reader starts).
     pub checkpoint: Option<Checkpoint>,
+    /// Who asked us to hand it over, as of our last write.
+    pub handoff: Option<OwnerId>,
 }
 
 /// Why a lease operation failed.
@@ -107,8 +124,14 @@ pub trait LeaseStore: Send + Sync + 'static {
         seen: Option<&Lease>,
     ) -> Result<HeldLease, LeaseError>;
 
-    /// Proves the holder is alive: bumps the counter.
+    /// Proves the holder is alive: bumps the counter. The result carries any
+    /// hand-over request.
     async fn renew(&self, held: &HeldLease) -> Result<HeldLease, LeaseError>;
+
+    /// Asks the owner of a lease, as `seen`, to hand it over to `to`. Does
+    /// not move the counter; refused when the lease changed or already has a
+    /// request.
+    async fn request_handoff(&self, seen: &Lease, to: &OwnerId) -> Result<(), LeaseError>;
 
     /// Writes the shard's checkpoint (and bumps the counter).
     async fn checkpoint(

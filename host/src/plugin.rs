@@ -602,14 +602,16 @@ pub struct Instance {
     timeout: Duration,
 }
 
-fn to_wit(record: &Record, attempt: u32) -> KinesisRecord {
+/// The WIT view of a record: borrows the host's strings and bytes, which
+/// are lowered straight into the guest's memory.
+fn to_wit(record: &Record, attempt: u32) -> KinesisRecord<'_> {
     KinesisRecord {
-        stream: record.stream.as_str().to_owned(),
-        shard_id: record.shard.as_str().to_owned(),
-        partition_key: record.partition_key.as_str().to_owned(),
-        sequence_number: record.sequence.as_str().to_owned(),
+        stream: record.stream.as_str(),
+        shard_id: record.shard.as_str(),
+        partition_key: record.partition_key.as_str(),
+        sequence_number: record.sequence.as_str(),
         approximate_arrival: record.arrival_ms,
-        data: record.data.clone(),
+        data: &record.data,
         attempt,
     }
 }
@@ -630,8 +632,7 @@ impl Instance {
         };
         self.store.data_mut().call = CallContext::Record(record.clone());
         let arg = to_wit(record, attempt);
-        let result =
-            tokio::time::timeout(timeout, handler.call_handle(&mut self.store, &arg)).await;
+        let result = tokio::time::timeout(timeout, handler.call_handle(&mut self.store, arg)).await;
         self.store.data_mut().call = CallContext::Idle;
         match result {
             Ok(Ok(outcome)) => Ok(outcome),

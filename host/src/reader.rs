@@ -79,19 +79,21 @@ pub struct ShardReader {
 
 impl ShardReader {
     /// A reader for `shard` in reader session `session`, starting after
-    /// `checkpoint` or else at the subscription's start position.
+    /// `checkpoint`, or else at `start` (the subscription's start position,
+    /// or the shard's beginning for a child of a split or merge).
     pub fn new(
         ctx: ReaderContext,
         shard: ShardId,
         session: SessionId,
         checkpoint: Option<Checkpoint>,
+        start: StartPosition,
         cancel: CancellationToken,
     ) -> Self {
         let position = match checkpoint {
             Some(Checkpoint::Sequence(seq)) => Position::After(seq),
             // The keeper never starts a reader on an ended shard; if it did,
             // the shard's first GetRecords reports its end again.
-            Some(Checkpoint::ShardEnd) | None => Position::Start(ctx.subscription.start),
+            Some(Checkpoint::ShardEnd) | None => Position::Start(start),
         };
         Self {
             ctx,
@@ -103,8 +105,25 @@ impl ShardReader {
         }
     }
 
-    /// Runs until cancelled or the shard ends.
+    /// Runs until cancelled or the shard ends. A cancelled reader tells
+    /// settlement how far it got, so the shard's final checkpoint follows
+    /// once what it handed out has settled.
     pub async fn run(mut self) -> ReaderExit {
+        let exit = self.read().await;
+        if exit == ReaderExit::Cancelled {
+            let close = SettlementMsg::Close {
+                shard: self.shard.clone(),
+                session: self.session,
+                delivered: self.next_offset,
+            };
+            // Not cancellable: settlement always drains its queue, and the
+            // keeper waits for this reader.
+            let _ = self.ctx.settlement.send(close).await;
+        }
+        exit
+    }
+
+    async fn read(&mut self) -> ReaderExit {
         let open = SettlementMsg::Open {
             shard: self.shard.clone(),
             session: self.session,

@@ -69,6 +69,17 @@ pub enum SettlementMsg {
         /// The records' sequence numbers, in order.
         sequences: Vec<SequenceNumber>,
     },
+    /// The reader stopped (lease lost, handed over, shutdown) after handing
+    /// out the records below offset `delivered`; once those have settled,
+    /// the shard's final checkpoint goes to the keeper marked `drained`.
+    Close {
+        /// The shard.
+        shard: ShardId,
+        /// The session.
+        session: SessionId,
+        /// Offsets below this were sent into the channel.
+        delivered: Offset,
+    },
     /// The reader reached the end of a closed shard after its last record.
     End {
         /// The shard.
@@ -87,8 +98,12 @@ pub enum SettlementMsg {
 pub struct CheckpointRequest {
     /// The shard.
     pub shard: ShardId,
-    /// The new checkpoint.
-    pub checkpoint: Checkpoint,
+    /// The new checkpoint; `None` only for a drained shard of which no
+    /// record settled.
+    pub checkpoint: Option<Checkpoint>,
+    /// The shard's reader stopped and everything it handed out has settled:
+    /// this is its last checkpoint, and its lease may be released.
+    pub drained: bool,
 }
 
 /// Sends to a settlement task.
@@ -97,6 +112,8 @@ pub type SettlementSender = mpsc::Sender<SettlementMsg>;
 struct ShardState {
     session: SessionId,
     watermark: Watermark,
+    /// The reader stopped: report when everything settled.
+    closing: bool,
     /// The last checkpoint requested.
     requested: Option<Checkpoint>,
     last_request: Option<Instant>,
@@ -163,6 +180,7 @@ impl Settlement {
                     ShardState {
                         session,
                         watermark: Watermark::new(),
+                        closing: false,
                         requested: None,
                         last_request: None,
                     },
@@ -192,6 +210,18 @@ impl Settlement {
                     self.max_unsettled = self.max_unsettled.max(self.unsettled);
                 }
             }
+            SettlementMsg::Close {
+                shard,
+                session,
+                delivered,
+            } => {
+                if let Some(state) = self.session(&shard, session) {
+                    let dropped = state.watermark.truncate(delivered);
+                    state.closing = true;
+                    self.unsettled -= dropped;
+                    self.report_if_drained(&shard).await;
+                }
+            }
             SettlementMsg::End { shard, session } => {
                 if let Some(state) = self.session(&shard, session) {
                     state.watermark.track_end();
@@ -219,9 +249,32 @@ impl Settlement {
             return;
         }
         let ended = state.watermark.checkpoint() == Some(&Checkpoint::ShardEnd);
+        let closing = state.closing;
         self.unsettled -= 1;
         if ended {
             self.request_if_ended(&ticket.shard).await;
+        } else if closing {
+            self.report_if_drained(&ticket.shard).await;
+        }
+    }
+
+    /// A closing shard whose handed-out records have all settled: its final
+    /// checkpoint goes to the keeper, and the shard is forgotten.
+    async fn report_if_drained(&mut self, shard: &ShardId) {
+        let drained = self
+            .shards
+            .get(shard)
+            .is_some_and(|s| s.closing && s.watermark.unsettled() == 0);
+        if !drained {
+            return;
+        }
+        if let Some(state) = self.shards.remove(shard) {
+            self.send(CheckpointRequest {
+                shard: shard.clone(),
+                checkpoint: state.watermark.checkpoint().cloned(),
+                drained: true,
+            })
+            .await;
         }
     }
 
@@ -279,15 +332,19 @@ impl Settlement {
             // Nothing more will be read from this shard.
             self.shards.remove(&shard);
         }
+        self.send(CheckpointRequest {
+            shard,
+            checkpoint: Some(checkpoint),
+            drained: false,
+        })
+        .await;
+    }
+
+    async fn send(&self, request: CheckpointRequest) {
         // The keeper outlives this task (it waits for our sender to close),
         // so a send only fails if the keeper died; then nothing can be
         // written anyway and the records will be read again.
-        if self
-            .checkpoints
-            .send(CheckpointRequest { shard, checkpoint })
-            .await
-            .is_err()
-        {
+        if self.checkpoints.send(request).await.is_err() {
             tracing::error!(subscription = %self.subscription, "lease keeper is gone; checkpoint not written");
         }
     }
@@ -330,7 +387,7 @@ mod tests {
         tx.send(ticket(1)).await.unwrap();
         tx.send(ticket(0)).await.unwrap();
         let first = ck_rx.recv().await.unwrap();
-        assert_eq!(first.checkpoint, Checkpoint::Sequence(seq(1)));
+        assert_eq!(first.checkpoint, Some(Checkpoint::Sequence(seq(1))));
         // A stale session's ticket is ignored.
         tx.send(SettlementMsg::Settle(Ticket {
             shard: shard.clone(),
@@ -342,7 +399,7 @@ mod tests {
         tx.send(ticket(2)).await.unwrap();
         drop(tx);
         let last = ck_rx.recv().await.unwrap();
-        assert_eq!(last.checkpoint, Checkpoint::Sequence(seq(2)));
+        assert_eq!(last.checkpoint, Some(Checkpoint::Sequence(seq(2))));
         task.await.unwrap();
         assert!(ck_rx.recv().await.is_none());
     }
@@ -383,9 +440,57 @@ mod tests {
         // The first tick may already have requested seq(0); SHARD_END follows
         // without waiting out the hour.
         let mut got = ck_rx.recv().await.unwrap();
-        if got.checkpoint != Checkpoint::ShardEnd {
+        if got.checkpoint != Some(Checkpoint::ShardEnd) {
             got = ck_rx.recv().await.unwrap();
         }
-        assert_eq!(got.checkpoint, Checkpoint::ShardEnd);
+        assert_eq!(got.checkpoint, Some(Checkpoint::ShardEnd));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_shard_reports_drained_once_its_delivered_records_settle() {
+        let (ck_tx, mut ck_rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(16);
+        let _task =
+            tokio::spawn(Settlement::new("s".into(), Duration::from_secs(3600), ck_tx).run(rx));
+        let shard = ShardId::from("shard-0");
+        tx.send(SettlementMsg::Open {
+            shard: shard.clone(),
+            session: 1,
+        })
+        .await
+        .unwrap();
+        tx.send(SettlementMsg::Track {
+            shard: shard.clone(),
+            session: 1,
+            sequences: (0..5).map(seq).collect(),
+        })
+        .await
+        .unwrap();
+        // Offsets 0..3 reached the channel; 3 and 4 never will.
+        tx.send(SettlementMsg::Close {
+            shard: shard.clone(),
+            session: 1,
+            delivered: 3,
+        })
+        .await
+        .unwrap();
+        for offset in [2, 0, 1] {
+            tx.send(SettlementMsg::Settle(Ticket {
+                shard: shard.clone(),
+                session: 1,
+                offset,
+            }))
+            .await
+            .unwrap();
+        }
+        let got = ck_rx.recv().await.unwrap();
+        assert_eq!(
+            got,
+            CheckpointRequest {
+                shard,
+                checkpoint: Some(Checkpoint::Sequence(seq(2))),
+                drained: true
+            }
+        );
     }
 }

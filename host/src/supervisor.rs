@@ -33,11 +33,13 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::channel;
-use crate::config::{Config, LeaseStoreKind, SubscriptionConfig};
+use crate::config::{Config, LeaseBackend, SubscriptionConfig};
 use crate::dispatch::Dispatcher;
 use crate::ids::OwnerId;
 use crate::kinesis;
 use crate::lease::LeaseStore;
+use crate::lease::dynamodb::DynamoDbLeaseStore;
+use crate::lease::file::FileLeaseStore;
 use crate::lease::keeper::{CHECKPOINT_QUEUE, Keeper};
 use crate::lease::memory::MemoryLeaseStore;
 use crate::plugin::{PluginHost, World};
@@ -107,10 +109,28 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .with_context(|| format!("subscription[{i}] ({})", sub.name))?;
     }
 
-    let store: Arc<dyn LeaseStore> = match config.lease.store {
-        LeaseStoreKind::Memory => Arc::new(MemoryLeaseStore::new()),
+    let store: Arc<dyn LeaseStore> = match &config.lease.store {
+        LeaseBackend::Memory => Arc::new(MemoryLeaseStore::new()),
+        LeaseBackend::File { path } => Arc::new(FileLeaseStore::open(path)?),
+        LeaseBackend::DynamoDb {
+            table,
+            create_table,
+        } => Arc::new(
+            DynamoDbLeaseStore::open(
+                kinesis::dynamodb_client(&config.aws).await,
+                table,
+                *create_table,
+            )
+            .await?,
+        ),
     };
-    let owner = default_owner_id();
+    tracing::info!(store = ?config.lease.store, "lease store open");
+    let owner = config
+        .lease
+        .owner_id
+        .clone()
+        .map(OwnerId::new)
+        .unwrap_or_else(default_owner_id);
     tracing::info!(owner = %owner, subscriptions = loaded.len(), "shardlane running");
 
     let mut running = Vec::new();

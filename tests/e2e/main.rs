@@ -9,4 +9,5 @@ mod check;
 mod common;
 mod config;
 mod lanes;
+mod leases;
 mod pipeline;

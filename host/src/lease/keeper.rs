@@ -3,27 +3,34 @@
 //!
 //! On its own timers, never inside a reader:
 //! - every `shard_sync_every` (and at start): list the stream's shards, read
-//!   the lease table, and take every lease that is free, expired or not yet
-//!   created, for shards whose parents are done (a child of a split or merge
-//!   waits until each parent still in the stream is checkpointed at
-//!   `SHARD_END`, so a key's records keep their order across resharding).
-//!   Each lease taken starts a [`ShardReader`] after the lease's checkpoint.
+//!   the lease table, and let the [`Planner`] decide which leases to take
+//!   (free or expired ones, up to the fair share; children only after their
+//!   parents reached `SHARD_END`) and whom to ask for one (balancing). Each
+//!   lease taken starts a [`ShardReader`] after the lease's checkpoint, or,
+//!   for a child of a split or merge, at the child's beginning.
 //! - every `renew_every`: renew each held lease. A lease found taken by
-//!   another owner, or not renewed for a whole lease duration, is lost: its
-//!   reader is cancelled at once.
+//!   another owner, or not renewed for a whole lease duration (transient
+//!   store errors are retried until then), is lost: its reader is cancelled
+//!   at once, and nothing more is checkpointed for it. A renewal that
+//!   reports a hand-over request starts a graceful hand-over.
 //!
 //! It also writes the checkpoints settlement requests, in order, through the
 //! store's owner-and-counter-fenced write; `SHARD_END` also releases the
 //! lease (the shard is done).
 //!
-//! Expiry follows KCL: another owner's lease is expired when its counter has
-//! not moved for `lease_duration` as observed by this keeper's own clock, so
-//! clock skew between hosts does not matter.
+//! # Graceful release (hand-over and shutdown)
+//! The shard's reader is cancelled; it tells settlement how far it got;
+//! once everything it handed out has settled, settlement sends the shard's
+//! final checkpoint marked `drained`; the keeper writes it and releases the
+//! lease, so the next owner starts right after it. A release that takes
+//! longer than `shutdown_timeout` is forced (records still in flight are
+//! then read again by the next owner).
 //!
-//! Shutdown, in order: stop taking leases → cancel and join every reader →
-//! drop this task's senders (so the channel and settlement can close) → keep
-//! writing the checkpoints settlement sends until it is done (renewing
-//! meanwhile) → release every lease.
+//! Shutdown, in order: stop taking leases → cancel every reader and join
+//! them (serving checkpoint requests meanwhile) → drop this task's senders
+//! (so the channel and settlement can close) → write what settlement sends
+//! until it is done, releasing each shard as it drains (renewing
+//! meanwhile) → release whatever is left.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -35,10 +42,11 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::planner::Planner;
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
-use crate::config::{LeaseConfig, SubscriptionConfig};
+use crate::config::{LeaseConfig, StartPosition, SubscriptionConfig};
 use crate::ids::{OwnerId, ShardId};
-use crate::kinesis::{ShardInfo, list_shards};
+use crate::kinesis::list_shards;
 use crate::reader::{ReaderContext, ReaderExit, ShardReader};
 use crate::settlement::{Checkpoint, CheckpointRequest, SessionId};
 
@@ -53,6 +61,8 @@ struct Holding {
     lease: HeldLease,
     renewed_at: Instant,
     cancel: CancellationToken,
+    /// Being given up (hand-over or shutdown) since then.
+    releasing: Option<Instant>,
 }
 
 /// The lease keeper of one subscription (see the module docs).
@@ -65,8 +75,7 @@ pub struct Keeper {
     reader_ctx: Option<ReaderContext>,
     held: HashMap<ShardId, Holding>,
     readers: JoinSet<(ShardId, ReaderExit)>,
-    /// Other owners' leases as last seen: counter, and since when.
-    observed: HashMap<ShardId, (u64, Instant)>,
+    planner: Planner,
     next_session: SessionId,
     readers_cancel: CancellationToken,
 }
@@ -89,7 +98,7 @@ impl Keeper {
             reader_ctx: Some(reader_ctx),
             held: HashMap::new(),
             readers: JoinSet::new(),
-            observed: HashMap::new(),
+            planner: Planner::new(),
             next_session: 1,
             readers_cancel: CancellationToken::new(),
         }
@@ -120,17 +129,25 @@ impl Keeper {
                 _ = shutdown.cancelled() => break,
                 _ = sync.tick() => self.sync().await,
                 _ = renew.tick() => self.renew_all().await,
-                Some(request) = checkpoints.recv() => {
-                    self.write_checkpoint(request).await;
-                }
+                Some(request) = checkpoints.recv() => self.on_request(request).await,
                 Some(joined) = self.readers.join_next() => self.reader_finished(joined),
             }
         }
 
         tracing::info!(subscription = %self.subscription.name, leases = self.held.len(), "stopping readers");
+        let now = Instant::now();
+        for holding in self.held.values_mut() {
+            holding.releasing.get_or_insert(now);
+        }
         self.readers_cancel.cancel();
-        while let Some(joined) = self.readers.join_next().await {
-            self.reader_finished(joined);
+        loop {
+            tokio::select! {
+                joined = self.readers.join_next() => match joined {
+                    Some(joined) => self.reader_finished(joined),
+                    None => break,
+                },
+                Some(request) = checkpoints.recv() => self.on_request(request).await,
+            }
         }
         // Our copies of the channel and settlement senders: once dropped,
         // the channel closes when it is empty and settlement ends after its
@@ -139,26 +156,14 @@ impl Keeper {
         loop {
             tokio::select! {
                 request = checkpoints.recv() => match request {
-                    Some(request) => {
-                        let (shard, checkpoint) = (request.shard.clone(), request.checkpoint.clone());
-                        if self.write_checkpoint(request).await {
-                            tracing::info!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.as_str(), "final checkpoint written");
-                        }
-                    }
+                    Some(request) => self.on_request(request).await,
                     None => break,
                 },
                 _ = renew.tick() => self.renew_all().await,
             }
         }
-        for (_, holding) in std::mem::take(&mut self.held) {
-            match self.store.release(&holding.lease).await {
-                Ok(()) => {
-                    tracing::info!(subscription = %self.subscription.name, shard_id = %holding.lease.key.shard, "lease released")
-                }
-                Err(e) => {
-                    tracing::warn!(subscription = %self.subscription.name, shard_id = %holding.lease.key.shard, error = %e, "lease not released; it will expire")
-                }
-            }
+        for (shard, holding) in std::mem::take(&mut self.held) {
+            self.release(&shard, holding.lease).await;
         }
     }
 
@@ -198,78 +203,76 @@ impl Keeper {
                 return;
             }
         };
+        let keeping: HashSet<ShardId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.releasing.is_none())
+            .map(|(s, _)| s.clone())
+            .collect();
+        let plan = self.planner.plan(
+            &self.owner,
+            &keeping,
+            &shards,
+            &leases,
+            self.lease.lease_duration,
+            Instant::now(),
+        );
         let present: HashSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
-        let now = Instant::now();
-        for shard in &shards {
-            if self.held.contains_key(&shard.id) || !self.may_start(shard, &present, &leases) {
-                continue;
-            }
-            let seen = leases.get(&shard.id);
-            if !self.is_free(&shard.id, seen, now) {
-                continue;
-            }
-            let key = self.key(&shard.id);
-            match self.store.acquire(&key, &self.owner, seen).await {
-                Ok(lease) => self.start_reader(&reader_ctx, lease),
+        for (shard, seen) in plan.take {
+            let key = self.key(&shard);
+            match self.store.acquire(&key, &self.owner, seen.as_ref()).await {
+                Ok(lease) => {
+                    let info = shards.iter().find(|s| s.id == shard);
+                    // A child of a consumed parent starts at its own
+                    // beginning, so nothing between the parent's end and
+                    // the child's start is skipped.
+                    let start = if info.is_some_and(|i| i.parents().any(|p| present.contains(p))) {
+                        StartPosition::TrimHorizon
+                    } else {
+                        self.subscription.start
+                    };
+                    let previous = seen.as_ref().and_then(|l| l.owner.clone());
+                    self.start_reader(&reader_ctx, lease, start, previous, plan.fair_share);
+                }
                 Err(LeaseError::Lost(_)) => {
-                    tracing::debug!(subscription = %self.subscription.name, shard_id = %shard.id, "lease taken by another instance first");
+                    tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, "lease taken by another instance first");
                 }
                 Err(e) => {
-                    tracing::warn!(subscription = %self.subscription.name, shard_id = %shard.id, error = %e, "cannot take lease; will retry");
+                    tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "cannot take lease; will retry");
                 }
             }
         }
-        // Forget observations of shards that are gone.
-        self.observed.retain(|shard, _| present.contains(shard));
-    }
-
-    /// A shard may start when it is not done and each parent still in the
-    /// stream is done.
-    fn may_start(
-        &self,
-        shard: &ShardInfo,
-        present: &HashSet<&ShardId>,
-        leases: &HashMap<ShardId, Lease>,
-    ) -> bool {
-        let done = |id: &ShardId| {
-            leases
-                .get(id)
-                .is_some_and(|l| l.checkpoint == Some(Checkpoint::ShardEnd))
-        };
-        !done(&shard.id)
-            && shard
-                .parents()
-                .all(|parent| !present.contains(parent) || done(parent))
-    }
-
-    /// Free: absent, unowned, ours from an earlier life, or another owner's
-    /// whose counter has not moved for a lease duration on our clock.
-    fn is_free(&mut self, shard: &ShardId, seen: Option<&Lease>, now: Instant) -> bool {
-        let Some(lease) = seen else { return true };
-        match &lease.owner {
-            None => true,
-            Some(owner) if owner == &self.owner => true,
-            Some(_) => {
-                let entry = self
-                    .observed
-                    .entry(shard.clone())
-                    .or_insert((lease.counter, now));
-                if entry.0 != lease.counter {
-                    *entry = (lease.counter, now);
+        if let Some(lease) = plan.ask {
+            match self.store.request_handoff(&lease, &self.owner).await {
+                Ok(()) => tracing::info!(
+                    subscription = %self.subscription.name, shard_id = %lease.key.shard,
+                    from = lease.owner.as_ref().map(OwnerId::as_str), fair_share = plan.fair_share, live = plan.live,
+                    "asked for a lease hand-over"
+                ),
+                Err(e) => {
+                    tracing::debug!(subscription = %self.subscription.name, shard_id = %lease.key.shard, error = %e, "hand-over request not placed")
                 }
-                now.duration_since(entry.1) >= self.lease.lease_duration
             }
         }
     }
 
-    fn start_reader(&mut self, reader_ctx: &ReaderContext, lease: HeldLease) {
+    fn start_reader(
+        &mut self,
+        reader_ctx: &ReaderContext,
+        lease: HeldLease,
+        start: StartPosition,
+        previous_owner: Option<OwnerId>,
+        fair_share: usize,
+    ) {
         let shard = lease.key.shard.clone();
         let session = self.next_session;
         self.next_session += 1;
         let cancel = self.readers_cancel.child_token();
         tracing::info!(
             subscription = %self.subscription.name, stream = %self.subscription.stream, shard_id = %shard,
-            checkpoint = lease.checkpoint.as_ref().map(Checkpoint::as_str), held = self.held.len() + 1,
+            checkpoint = lease.checkpoint.as_ref().map(Checkpoint::as_str),
+            previous_owner = previous_owner.as_ref().map(OwnerId::as_str),
+            held = self.held.len() + 1, fair_share,
             "lease taken; reader starting"
         );
         let reader = ShardReader::new(
@@ -277,32 +280,55 @@ impl Keeper {
             shard.clone(),
             session,
             lease.checkpoint.clone(),
+            start,
             cancel.clone(),
         );
         let id = shard.clone();
         self.readers.spawn(async move { (id, reader.run().await) });
-        self.observed.remove(&shard);
         self.held.insert(
             shard,
             Holding {
                 lease,
                 renewed_at: Instant::now(),
                 cancel,
+                releasing: None,
             },
         );
     }
 
     async fn renew_all(&mut self) {
         let shards: Vec<ShardId> = self.held.keys().cloned().collect();
+        let now = Instant::now();
         for shard in shards {
             let Some(holding) = self.held.get(&shard) else {
                 continue;
             };
-            match self.store.renew(&holding.lease).await {
+            if let Some(since) = holding.releasing
+                && now.duration_since(since) >= self.subscription.shutdown_timeout
+            {
+                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, "in-flight records did not settle within shutdown_timeout; releasing the lease anyway (the next owner reads them again)");
+                if let Some(holding) = self.held.remove(&shard) {
+                    self.release(&shard, holding.lease).await;
+                }
+                continue;
+            }
+            let renewed = match self.store.renew(&holding.lease).await {
+                Err(LeaseError::Lost(_)) => self.recover(&holding.lease).await,
+                other => other,
+            };
+            match renewed {
                 Ok(lease) => {
+                    let handoff = lease.handoff.clone();
                     if let Some(holding) = self.held.get_mut(&shard) {
                         holding.lease = lease;
                         holding.renewed_at = Instant::now();
+                        if let Some(to) = handoff
+                            && holding.releasing.is_none()
+                        {
+                            tracing::info!(subscription = %self.subscription.name, shard_id = %shard, to = %to, "handing the lease over: reader stopping, in-flight records settling");
+                            holding.releasing = Some(Instant::now());
+                            holding.cancel.cancel();
+                        }
                     }
                 }
                 Err(LeaseError::Lost(_)) => self.lose(&shard, "taken by another instance"),
@@ -317,39 +343,89 @@ impl Keeper {
         }
     }
 
+    /// After a refused write: if the lease is still ours (our own earlier
+    /// write landed but its answer was lost), carry on with its counter;
+    /// otherwise it is lost.
+    async fn recover(&self, held: &HeldLease) -> Result<HeldLease, LeaseError> {
+        match self.store.read(&held.key).await? {
+            Some(lease) if lease.owner.as_ref() == Some(&self.owner) => Ok(HeldLease {
+                counter: lease.counter,
+                handoff: lease.handoff,
+                ..held.clone()
+            }),
+            _ => Err(LeaseError::Lost(held.key.clone())),
+        }
+    }
+
     /// Stops the shard's reader at once: the lease is no longer ours.
     fn lose(&mut self, shard: &ShardId, why: &str) {
         if let Some(holding) = self.held.remove(shard) {
             holding.cancel.cancel();
-            tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, why, "lease lost; reader stopped");
+            tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, why, held = self.held.len(), "lease lost; reader stopped");
+        }
+    }
+
+    async fn release(&self, shard: &ShardId, lease: HeldLease) {
+        match self.store.release(&lease).await {
+            Ok(()) => {
+                tracing::info!(subscription = %self.subscription.name, shard_id = %shard, held = self.held.len(), "lease released")
+            }
+            Err(e) => {
+                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "lease not released; it will expire")
+            }
+        }
+    }
+
+    async fn on_request(&mut self, request: CheckpointRequest) {
+        let CheckpointRequest {
+            shard,
+            checkpoint,
+            drained,
+        } = request;
+        let written = match &checkpoint {
+            Some(checkpoint) => self.write_checkpoint(&shard, checkpoint).await,
+            None => self.held.contains_key(&shard),
+        };
+        if drained && written {
+            let releasing = self.held.get(&shard).is_some_and(|h| h.releasing.is_some());
+            if releasing && let Some(holding) = self.held.remove(&shard) {
+                if let Some(since) = holding.releasing {
+                    tracing::info!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.as_ref().map(Checkpoint::as_str), drain = ?since.elapsed(), "final checkpoint written");
+                }
+                self.release(&shard, holding.lease).await;
+            }
         }
     }
 
     /// Writes a checkpoint; true when it was written.
-    async fn write_checkpoint(&mut self, request: CheckpointRequest) -> bool {
-        let CheckpointRequest { shard, checkpoint } = request;
+    async fn write_checkpoint(&mut self, shard: &ShardId, checkpoint: &Checkpoint) -> bool {
         let mut wait = Duration::from_millis(100);
         for attempt in 1..=CHECKPOINT_TRIES {
-            let Some(holding) = self.held.get(&shard) else {
+            let Some(holding) = self.held.get(shard) else {
                 tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.as_str(), "checkpoint for a shard no longer held; not written");
                 return false;
             };
-            match self.store.checkpoint(&holding.lease, &checkpoint).await {
+            let written = match self.store.checkpoint(&holding.lease, checkpoint).await {
+                Err(LeaseError::Lost(_)) => match self.recover(&holding.lease).await {
+                    Ok(lease) => self.store.checkpoint(&lease, checkpoint).await,
+                    Err(e) => Err(e),
+                },
+                other => other,
+            };
+            match written {
                 Ok(lease) => {
                     tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.as_str(), "checkpoint written");
-                    if checkpoint == Checkpoint::ShardEnd {
+                    if *checkpoint == Checkpoint::ShardEnd {
                         // The shard is done: nobody needs to read it again.
-                        self.held.remove(&shard);
-                        if let Err(e) = self.store.release(&lease).await {
-                            tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "ended shard's lease not released; it will expire");
-                        }
-                    } else if let Some(holding) = self.held.get_mut(&shard) {
+                        self.held.remove(shard);
+                        self.release(shard, lease).await;
+                    } else if let Some(holding) = self.held.get_mut(shard) {
                         holding.lease = lease;
                     }
                     return true;
                 }
                 Err(LeaseError::Lost(_)) => {
-                    self.lose(&shard, "checkpoint refused: lease changed hands");
+                    self.lose(shard, "checkpoint refused: lease changed hands");
                     return false;
                 }
                 Err(e) if attempt < CHECKPOINT_TRIES => {

@@ -47,6 +47,7 @@ impl MemoryLeaseStore {
                 lease.counter += 1;
                 Ok(HeldLease {
                     counter: lease.counter,
+                    handoff: lease.handoff.clone(),
                     ..held.clone()
                 })
             }
@@ -90,14 +91,17 @@ impl LeaseStore for MemoryLeaseStore {
                 owner: None,
                 counter: 0,
                 checkpoint: None,
+                handoff: None,
             });
             lease.owner = Some(owner.clone());
+            lease.handoff = None;
             lease.counter += 1;
             Ok(HeldLease {
                 key: key.clone(),
                 owner: owner.clone(),
                 counter: lease.counter,
                 checkpoint: lease.checkpoint.clone(),
+                handoff: None,
             })
         })
     }
@@ -115,8 +119,26 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {
-        self.update_held(held, |lease| lease.owner = None)
-            .map(|_| ())
+        self.update_held(held, |lease| {
+            lease.owner = None;
+            lease.handoff = None;
+        })
+        .map(|_| ())
+    }
+
+    async fn request_handoff(&self, seen: &Lease, to: &OwnerId) -> Result<(), LeaseError> {
+        self.with(|leases| match leases.get_mut(&seen.key) {
+            Some(lease)
+                if lease.owner.is_some()
+                    && lease.owner == seen.owner
+                    && lease.counter == seen.counter
+                    && lease.handoff.is_none() =>
+            {
+                lease.handoff = Some(to.clone());
+                Ok(())
+            }
+            _ => Err(LeaseError::Lost(seen.key.clone())),
+        })
     }
 }
 
@@ -146,6 +168,16 @@ mod tests {
         ));
         let renewed = store.renew(&held_a).await.unwrap();
         assert_eq!(renewed.counter, held_a.counter + 1);
+        // A hand-over request shows on the owner's next renewal, and does
+        // not move the counter.
+        let seen = store.read(&key()).await.unwrap().unwrap();
+        store.request_handoff(&seen, &b).await.unwrap();
+        assert!(
+            store.request_handoff(&seen, &b).await.is_err(),
+            "one request at a time"
+        );
+        let renewed = store.renew(&renewed).await.unwrap();
+        assert_eq!(renewed.handoff, Some(b.clone()));
         // A stale view (old counter) cannot write.
         let cp = Checkpoint::Sequence(SequenceNumber::parse("42").unwrap());
         assert!(store.checkpoint(&held_a, &cp).await.is_err());

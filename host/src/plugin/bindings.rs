@@ -16,6 +16,9 @@ pub mod record {
         path: "../wit",
         world: "record-handler",
         exports: { default: async },
+        // Records are lowered into the guest straight from borrowed host
+        // data: no String/Vec copies per record per call.
+        ownership: Borrowing { duplicate_if_necessary: false },
     });
 }
 
@@ -25,6 +28,7 @@ pub mod batch {
         path: "../wit",
         world: "batch-handler",
         exports: { default: async },
+        ownership: Borrowing { duplicate_if_necessary: false },
         with: {
             "shardlane:plugin/types": super::record::shardlane::plugin::types,
             "shardlane:plugin/log": super::record::shardlane::plugin::log,

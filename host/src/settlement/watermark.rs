@@ -148,6 +148,21 @@ impl Watermark {
         }
     }
 
+    /// Forgets the records at `next` and after: they were tracked but never
+    /// handed to a handler (the reader stopped first), so they will never
+    /// settle here. Returns how many unsettled records were dropped.
+    pub fn truncate(&mut self, next: Offset) -> usize {
+        let keep = next.saturating_sub(self.base) as usize;
+        let mut dropped = 0;
+        while self.entries.len() > keep {
+            if let Some(Entry::Record { settled: false, .. }) = self.entries.pop_back() {
+                dropped += 1;
+            }
+        }
+        self.unsettled -= dropped;
+        dropped
+    }
+
     /// The highest safe checkpoint, if any record has settled yet.
     pub fn checkpoint(&self) -> Option<&Checkpoint> {
         self.checkpoint.as_ref()
@@ -211,6 +226,22 @@ mod tests {
         assert_eq!(w.settle(0), Settled::Ok);
         assert_eq!(w.settle(0), Settled::Unknown);
         assert_eq!(w.checkpoint(), Some(&Checkpoint::Sequence(seq(1))));
+    }
+
+    #[test]
+    fn truncate_forgets_records_never_handed_out() {
+        let mut w = Watermark::new();
+        for n in 0..5 {
+            w.track(seq(n));
+        }
+        w.settle(0);
+        assert_eq!(w.truncate(3), 2, "offsets 3 and 4 were never delivered");
+        assert_eq!(w.unsettled(), 2);
+        w.settle(2);
+        w.settle(1);
+        assert!(w.is_drained());
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::Sequence(seq(2))));
+        assert_eq!(w.truncate(0), 0, "nothing left to drop");
     }
 
     #[test]

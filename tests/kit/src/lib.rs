@@ -281,6 +281,105 @@ impl Drop for Kinesis {
     }
 }
 
+/// A running `dynalite` (DynamoDB emulator), in memory, killed on drop.
+pub struct Dynalite {
+    child: Child,
+    endpoint: String,
+    log: PathBuf,
+}
+
+impl Dynalite {
+    /// Starts dynalite on a free port and waits until it answers.
+    ///
+    /// # Errors
+    /// When it cannot start, with its output.
+    pub async fn start() -> anyhow::Result<Self> {
+        let cli = emulators_dir()?.join("node_modules/dynalite/cli.js");
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!("dynalite-{port}.log"));
+        let log_file = std::fs::File::create(&log)?;
+        let child = Command::new("node")
+            .arg(&cli)
+            .args(["--port", &port.to_string()])
+            // Tables become ACTIVE quickly: tests create them at start-up.
+            .args([
+                "--createTableMs",
+                "50",
+                "--deleteTableMs",
+                "50",
+                "--updateTableMs",
+                "50",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .context("cannot start dynalite with node (is Node.js installed?)")?;
+        let mut dynalite = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            log,
+        };
+        let client = dynalite.client();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = dynalite.child.try_wait()? {
+                bail!(
+                    "dynalite exited at start-up ({status}):\n{}",
+                    dynalite.output()
+                );
+            }
+            if client.list_tables().send().await.is_ok() {
+                return Ok(dynalite);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "dynalite did not answer on {} within 60 s:\n{}",
+                    dynalite.endpoint,
+                    dynalite.output()
+                );
+            }
+            // Polling for the port to answer.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// What it printed so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its endpoint, for `AWS_ENDPOINT_URL_DYNAMODB`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// An SDK client for it.
+    pub fn client(&self) -> aws_sdk_dynamodb::Client {
+        let config = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+            .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+                "test",
+                "test",
+                None,
+                None,
+                "shardlane-testkit",
+            ))
+            .endpoint_url(&self.endpoint)
+            .build();
+        aws_sdk_dynamodb::Client::from_conf(config)
+    }
+}
+
+impl Drop for Dynalite {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
 /// The compiled guest plugins.
 pub mod guests {
     use super::*;
@@ -299,6 +398,10 @@ pub mod guests {
         pub slow: PathBuf,
         /// `tests/guests/batch`: a batch-handler with per-record outcomes.
         pub batch: PathBuf,
+        /// `tests/guests/noop`: acks, nothing else (benchmarks).
+        pub noop: PathBuf,
+        /// `tests/guests/noop-batch`: acks whole batches (benchmarks).
+        pub noop_batch: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -357,6 +460,8 @@ pub mod guests {
             other_world: out.join("other_world.wasm"),
             slow: out.join("slow.wasm"),
             batch: out.join("batch.wasm"),
+            noop: out.join("noop.wasm"),
+            noop_batch: out.join("noop_batch.wasm"),
         })
     }
 }
@@ -379,13 +484,26 @@ impl HostProcess {
     /// # Errors
     /// When the process cannot start.
     pub fn start(bin: &Path, config: &str, kinesis_endpoint: &str) -> anyhow::Result<Self> {
+        Self::start_with(
+            bin,
+            config,
+            &[("AWS_ENDPOINT_URL_KINESIS", kinesis_endpoint)],
+        )
+    }
+
+    /// Like [`HostProcess::start`], with any environment (emulator
+    /// endpoints).
+    ///
+    /// # Errors
+    /// When the process cannot start.
+    pub fn start_with(bin: &Path, config: &str, env: &[(&str, &str)]) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let config_path = dir.path().join("shardlane.toml");
         std::fs::write(&config_path, config)?;
         let mut child = Command::new(bin)
             .args(["run", "--log-format", "json", "--config"])
             .arg(&config_path)
-            .env("AWS_ENDPOINT_URL_KINESIS", kinesis_endpoint)
+            .envs(env.iter().copied())
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
             .env("AWS_REGION", "us-east-1")
@@ -476,6 +594,34 @@ impl HostProcess {
         let mut out: Vec<String> = lines[start..].iter().map(|l| l.to_string()).collect();
         out.push(format!("stderr: {}", self.stderr.lock().unwrap()));
         out.join("\n")
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal (`KILL`, `STOP`, `CONT`, ...).
+    ///
+    /// # Errors
+    /// When `kill` cannot run.
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -{signal} failed");
+        Ok(())
+    }
+
+    /// `kill -9`, and waits for the process to be gone.
+    ///
+    /// # Errors
+    /// When it cannot be killed.
+    pub fn kill9(&mut self) -> anyhow::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
     }
 
     /// Sends SIGTERM and waits for the exit.

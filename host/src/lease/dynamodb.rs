@@ -1,0 +1,423 @@
+//! [`DynamoDbLeaseStore`]: leases in a DynamoDB table shared by any number
+//! of host instances.
+//!
+//! # Table schema
+//! | attribute | type | role |
+//! |---|---|---|
+//! | `lease_group` | S | partition key: `<subscription>#<stream>` (stream names cannot hold `#`) |
+//! | `shard_id` | S | sort key |
+//! | `owner` | S | the holder's owner id; absent when the lease is free |
+//! | `counter` | N | bumped by every write; a counter that stops moving means its owner is gone |
+//! | `checkpoint` | S | a sequence number, or `SHARD_END`; absent before the first checkpoint |
+//! | `handoff_to` | S | an instance that asked the owner to hand the lease over; absent otherwise |
+//!
+//! Billing is on demand (PAY_PER_REQUEST) when the host creates the table
+//! (`create_table = true`). One Query per sync lists a subscription's leases;
+//! every read is strongly consistent.
+//!
+//! Every write is conditional (see [`super`]): `acquire` on the lease being
+//! exactly as observed (absent, or this owner and counter), `renew`,
+//! `checkpoint` and `release` on `owner` and `counter` being the caller's. A
+//! failed condition is [`LeaseError::Lost`]; anything else is a transient
+//! [`LeaseError::Store`], which the keeper retries before it concludes a
+//! lease is gone.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
+    ScalarAttributeType, TableStatus,
+};
+
+use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
+use crate::ids::{OwnerId, ShardId, StreamName, SubscriptionName};
+use crate::settlement::Checkpoint;
+
+const GROUP: &str = "lease_group";
+const SHARD: &str = "shard_id";
+const OWNER: &str = "owner";
+const COUNTER: &str = "counter";
+const CHECKPOINT: &str = "checkpoint";
+const HANDOFF: &str = "handoff_to";
+
+/// How long start-up waits for a new table to become ACTIVE.
+const TABLE_ACTIVE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Leases in a DynamoDB table (see the module docs).
+#[derive(Clone)]
+pub struct DynamoDbLeaseStore {
+    client: Client,
+    table: String,
+}
+
+fn group(subscription: &SubscriptionName, stream: &StreamName) -> String {
+    format!("{subscription}#{stream}")
+}
+
+fn s(value: &str) -> AttributeValue {
+    AttributeValue::S(value.to_owned())
+}
+
+fn n(value: u64) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+/// Maps an SDK error: a failed condition means the lease is not ours.
+fn classify<E>(key: &LeaseKey, e: aws_sdk_dynamodb::error::SdkError<E>) -> LeaseError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    if e.code() == Some("ConditionalCheckFailedException") {
+        LeaseError::Lost(key.clone())
+    } else {
+        LeaseError::Store(format!("{}", DisplayErrorContext(&e)))
+    }
+}
+
+fn decode(key: LeaseKey, item: &HashMap<String, AttributeValue>) -> Result<Lease, LeaseError> {
+    let counter = item
+        .get(COUNTER)
+        .and_then(|v| v.as_n().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| LeaseError::Store(format!("lease {key} has no valid counter")))?;
+    let checkpoint = item
+        .get(CHECKPOINT)
+        .and_then(|v| v.as_s().ok())
+        .map(|v| Checkpoint::parse(v))
+        .transpose()
+        .map_err(|e| LeaseError::Store(format!("lease {key}: {e}")))?;
+    Ok(Lease {
+        owner: item
+            .get(OWNER)
+            .and_then(|v| v.as_s().ok())
+            .map(|o| OwnerId::new(o.as_str())),
+        counter,
+        checkpoint,
+        handoff: item
+            .get(HANDOFF)
+            .and_then(|v| v.as_s().ok())
+            .map(|o| OwnerId::new(o.as_str())),
+        key,
+    })
+}
+
+impl DynamoDbLeaseStore {
+    /// A store on `table`. With `create`, creates the table when it does not
+    /// exist and waits until it is ACTIVE; without, checks that it exists.
+    ///
+    /// # Errors
+    /// When the table does not exist (and may not be created), cannot be
+    /// created, or does not become active.
+    pub async fn open(client: Client, table: &str, create: bool) -> anyhow::Result<Self> {
+        let described = client.describe_table().table_name(table).send().await;
+        match described {
+            Ok(_) => {}
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
+            {
+                anyhow::ensure!(
+                    create,
+                    "lease table {table:?} does not exist (set `lease.create_table = true` to create it)"
+                );
+                let created = client
+                    .create_table()
+                    .table_name(table)
+                    .billing_mode(BillingMode::PayPerRequest)
+                    .attribute_definitions(
+                        AttributeDefinition::builder()
+                            .attribute_name(GROUP)
+                            .attribute_type(ScalarAttributeType::S)
+                            .build()?,
+                    )
+                    .attribute_definitions(
+                        AttributeDefinition::builder()
+                            .attribute_name(SHARD)
+                            .attribute_type(ScalarAttributeType::S)
+                            .build()?,
+                    )
+                    .key_schema(
+                        KeySchemaElement::builder()
+                            .attribute_name(GROUP)
+                            .key_type(KeyType::Hash)
+                            .build()?,
+                    )
+                    .key_schema(
+                        KeySchemaElement::builder()
+                            .attribute_name(SHARD)
+                            .key_type(KeyType::Range)
+                            .build()?,
+                    )
+                    .send()
+                    .await;
+                match created {
+                    Ok(_) => tracing::info!(table, "lease table created"),
+                    // Another instance created it first.
+                    Err(e)
+                        if e.as_service_error()
+                            .is_some_and(|s| s.is_resource_in_use_exception()) => {}
+                    Err(e) => anyhow::bail!(
+                        "cannot create lease table {table:?}: {}",
+                        DisplayErrorContext(&e)
+                    ),
+                }
+            }
+            Err(e) => anyhow::bail!(
+                "cannot describe lease table {table:?}: {}",
+                DisplayErrorContext(&e)
+            ),
+        }
+        let deadline = tokio::time::Instant::now() + TABLE_ACTIVE_TIMEOUT;
+        loop {
+            let status = client
+                .describe_table()
+                .table_name(table)
+                .send()
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot describe lease table {table:?}: {}",
+                        DisplayErrorContext(&e)
+                    )
+                })?
+                .table()
+                .and_then(|t| t.table_status().cloned());
+            if status == Some(TableStatus::Active) {
+                break;
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "lease table {table:?} not ACTIVE within {TABLE_ACTIVE_TIMEOUT:?} (status {status:?})"
+            );
+            // Polling the table's status: creation is asynchronous.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(Self {
+            client,
+            table: table.to_owned(),
+        })
+    }
+
+    fn key_of(&self, key: &LeaseKey) -> HashMap<String, AttributeValue> {
+        HashMap::from([
+            (GROUP.to_owned(), s(&group(&key.subscription, &key.stream))),
+            (SHARD.to_owned(), s(key.shard.as_str())),
+        ])
+    }
+
+    /// Bumps the counter of a lease the caller holds, applying `set`/`remove`
+    /// clauses too, conditional on owner and counter.
+    async fn update_held(
+        &self,
+        held: &HeldLease,
+        extra_set: Option<(&str, AttributeValue)>,
+        remove_owner: bool,
+    ) -> Result<HeldLease, LeaseError> {
+        let mut update = "SET #c = #c + :one".to_owned();
+        let mut request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(self.key_of(&held.key)))
+            .condition_expression("#o = :me AND #c = :seen")
+            .expression_attribute_names("#c", COUNTER)
+            .expression_attribute_names("#o", OWNER)
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":me", s(held.owner.as_str()))
+            .expression_attribute_values(":seen", n(held.counter))
+            .return_values(ReturnValue::AllNew);
+        if let Some((attribute, value)) = extra_set {
+            update.push_str(", #x = :x");
+            request = request
+                .expression_attribute_names("#x", attribute)
+                .expression_attribute_values(":x", value);
+        }
+        if remove_owner {
+            update.push_str(" REMOVE #o, #h");
+            request = request.expression_attribute_names("#h", HANDOFF);
+        }
+        let output = request
+            .update_expression(update)
+            .send()
+            .await
+            .map_err(|e| classify(&held.key, e))?;
+        let now = output
+            .attributes()
+            .map(|item| decode(held.key.clone(), item))
+            .transpose()?;
+        Ok(HeldLease {
+            counter: now.as_ref().map_or(held.counter + 1, |l| l.counter),
+            handoff: now.and_then(|l| l.handoff),
+            ..held.clone()
+        })
+    }
+}
+
+#[async_trait]
+impl LeaseStore for DynamoDbLeaseStore {
+    async fn list(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+    ) -> Result<Vec<Lease>, LeaseError> {
+        let mut leases = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .key_condition_expression("#g = :g")
+                .expression_attribute_names("#g", GROUP)
+                .expression_attribute_values(":g", s(&group(subscription, stream)))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| LeaseError::Store(format!("{}", DisplayErrorContext(&e))))?;
+            for item in page.items() {
+                let Some(shard) = item.get(SHARD).and_then(|v| v.as_s().ok()) else {
+                    continue;
+                };
+                let key = LeaseKey {
+                    subscription: subscription.clone(),
+                    stream: stream.clone(),
+                    shard: ShardId::new(shard.as_str()),
+                };
+                leases.push(decode(key, item)?);
+            }
+            match page.last_evaluated_key() {
+                Some(last) if !last.is_empty() => start = Some(last.clone()),
+                _ => break,
+            }
+        }
+        Ok(leases)
+    }
+
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .set_key(Some(self.key_of(key)))
+            .send()
+            .await
+            .map_err(|e| LeaseError::Store(format!("{}", DisplayErrorContext(&e))))?;
+        output
+            .item()
+            .map(|item| decode(key.clone(), item))
+            .transpose()
+    }
+
+    async fn acquire(
+        &self,
+        key: &LeaseKey,
+        owner: &OwnerId,
+        seen: Option<&Lease>,
+    ) -> Result<HeldLease, LeaseError> {
+        match seen {
+            None => {
+                let mut item = self.key_of(key);
+                item.insert(OWNER.to_owned(), s(owner.as_str()));
+                item.insert(COUNTER.to_owned(), n(1));
+                self.client
+                    .put_item()
+                    .table_name(&self.table)
+                    .set_item(Some(item))
+                    .condition_expression("attribute_not_exists(#s)")
+                    .expression_attribute_names("#s", SHARD)
+                    .send()
+                    .await
+                    .map_err(|e| classify(key, e))?;
+                Ok(HeldLease {
+                    key: key.clone(),
+                    owner: owner.clone(),
+                    counter: 1,
+                    checkpoint: None,
+                    handoff: None,
+                })
+            }
+            Some(seen) => {
+                let mut request = self
+                    .client
+                    .update_item()
+                    .table_name(&self.table)
+                    .set_key(Some(self.key_of(key)))
+                    .update_expression("SET #o = :me, #c = #c + :one REMOVE #h")
+                    .expression_attribute_names("#h", HANDOFF)
+                    .expression_attribute_names("#o", OWNER)
+                    .expression_attribute_names("#c", COUNTER)
+                    .expression_attribute_values(":me", s(owner.as_str()))
+                    .expression_attribute_values(":one", n(1))
+                    .expression_attribute_values(":seen", n(seen.counter))
+                    .return_values(ReturnValue::AllNew);
+                request = match &seen.owner {
+                    None => request.condition_expression("#c = :seen AND attribute_not_exists(#o)"),
+                    Some(previous) => request
+                        .condition_expression("#c = :seen AND #o = :prev")
+                        .expression_attribute_values(":prev", s(previous.as_str())),
+                };
+                let output = request.send().await.map_err(|e| classify(key, e))?;
+                let lease = match output.attributes() {
+                    Some(item) => decode(key.clone(), item)?,
+                    None => {
+                        return Err(LeaseError::Store(format!(
+                            "lease {key}: no attributes returned"
+                        )));
+                    }
+                };
+                Ok(HeldLease {
+                    key: key.clone(),
+                    owner: owner.clone(),
+                    counter: lease.counter,
+                    checkpoint: lease.checkpoint,
+                    handoff: None,
+                })
+            }
+        }
+    }
+
+    async fn renew(&self, held: &HeldLease) -> Result<HeldLease, LeaseError> {
+        self.update_held(held, None, false).await
+    }
+
+    async fn checkpoint(
+        &self,
+        held: &HeldLease,
+        checkpoint: &Checkpoint,
+    ) -> Result<HeldLease, LeaseError> {
+        self.update_held(held, Some((CHECKPOINT, s(checkpoint.as_str()))), false)
+            .await
+    }
+
+    async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {
+        self.update_held(held, None, true).await.map(|_| ())
+    }
+
+    async fn request_handoff(&self, seen: &Lease, to: &OwnerId) -> Result<(), LeaseError> {
+        let Some(owner) = &seen.owner else {
+            return Err(LeaseError::Lost(seen.key.clone()));
+        };
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(self.key_of(&seen.key)))
+            .update_expression("SET #h = :to")
+            .condition_expression("#o = :owner AND #c = :seen AND attribute_not_exists(#h)")
+            .expression_attribute_names("#h", HANDOFF)
+            .expression_attribute_names("#o", OWNER)
+            .expression_attribute_names("#c", COUNTER)
+            .expression_attribute_values(":to", s(to.as_str()))
+            .expression_attribute_values(":owner", s(owner.as_str()))
+            .expression_attribute_values(":seen", n(seen.counter))
+            .send()
+            .await
+            .map_err(|e| classify(&seen.key, e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,421 @@
+//! [`FileLeaseStore`]: leases and checkpoints in an embedded, crash-safe
+//! database on local disk (redb), for one instance that must resume after
+//! its last checkpoint when it restarts, cleanly or after `kill -9`.
+//!
+//! Layout: one redb file, `<path>/leases.redb`, one table `leases` keyed by
+//! `subscription \x1f stream \x1f shard`, each value a small JSON document
+//! (`owner`, `counter`, `checkpoint`). Every operation is one redb write
+//! transaction, so the owner-and-counter conditions are checked and the new
+//! value written atomically, and a committed checkpoint survives a crash
+//! (redb commits are durable: fsynced before `commit` returns).
+//!
+//! One process per file: redb locks the file, and a second instance on the
+//! same path fails at start-up with a message that says so. Since only this
+//! process can own leases in the file, leases left owned by an earlier
+//! process (one that was killed) are released when the store opens, so a
+//! restarted instance resumes at once instead of waiting for them to expire.
+//!
+//! redb is synchronous; each call runs on tokio's blocking pool.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
+use crate::ids::{OwnerId, ShardId, StreamName, SubscriptionName};
+use crate::settlement::Checkpoint;
+
+const LEASES: TableDefinition<&str, &str> = TableDefinition::new("leases");
+const SEP: char = '\u{1f}';
+
+/// The stored form of one lease.
+#[derive(Debug, Serialize, Deserialize)]
+struct Stored {
+    owner: Option<String>,
+    counter: u64,
+    checkpoint: Option<String>,
+    #[serde(default)]
+    handoff: Option<String>,
+}
+
+/// Why the file store cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum FileStoreError {
+    /// The folder cannot be created.
+    #[error("lease store {path}: cannot create the folder: {reason}")]
+    Folder {
+        /// The folder.
+        path: PathBuf,
+        /// Why.
+        reason: std::io::Error,
+    },
+    /// Another process has the file open.
+    #[error(
+        "lease store {path}: already in use by another process (the file store serves one instance; use store = \"dynamodb\" to share shards between instances)"
+    )]
+    InUse {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// redb refused to open or repair the file.
+    #[error("lease store {path}: cannot open it: {reason}")]
+    Open {
+        /// The database file.
+        path: PathBuf,
+        /// What redb said.
+        reason: String,
+    },
+}
+
+/// Leases in an embedded redb file (see the module docs).
+#[derive(Clone)]
+pub struct FileLeaseStore {
+    db: Arc<Database>,
+}
+
+fn store_error(e: impl std::fmt::Display) -> LeaseError {
+    LeaseError::Store(e.to_string())
+}
+
+fn db_key(key: &LeaseKey) -> String {
+    format!("{}{SEP}{}{SEP}{}", key.subscription, key.stream, key.shard)
+}
+
+fn decode(key: LeaseKey, value: &str) -> Result<Lease, LeaseError> {
+    let stored: Stored = serde_json::from_str(value).map_err(store_error)?;
+    Ok(Lease {
+        key,
+        owner: stored.owner.map(OwnerId::new),
+        handoff: stored.handoff.map(OwnerId::new),
+        counter: stored.counter,
+        checkpoint: stored
+            .checkpoint
+            .as_deref()
+            .map(Checkpoint::parse)
+            .transpose()
+            .map_err(store_error)?,
+    })
+}
+
+fn encode(lease: &Lease) -> String {
+    let stored = Stored {
+        owner: lease.owner.as_ref().map(|o| o.as_str().to_owned()),
+        counter: lease.counter,
+        checkpoint: lease.checkpoint.as_ref().map(|c| c.as_str().to_owned()),
+        handoff: lease.handoff.as_ref().map(|o| o.as_str().to_owned()),
+    };
+    // Serializing a struct of strings and an integer cannot fail.
+    serde_json::to_string(&stored).expect("lease serializes")
+}
+
+impl FileLeaseStore {
+    /// Opens (or creates) the store in folder `path`, releasing leases an
+    /// earlier process left owned.
+    ///
+    /// # Errors
+    /// [`FileStoreError`] naming the path: the folder cannot be made, the
+    /// file is in use by another process, or it cannot be opened.
+    pub fn open(path: &Path) -> Result<Self, FileStoreError> {
+        std::fs::create_dir_all(path).map_err(|reason| FileStoreError::Folder {
+            path: path.to_owned(),
+            reason,
+        })?;
+        let file = path.join("leases.redb");
+        let db = Database::create(&file).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => {
+                FileStoreError::InUse { path: file.clone() }
+            }
+            other => FileStoreError::Open {
+                path: file.clone(),
+                reason: other.to_string(),
+            },
+        })?;
+        let open_error = |e: &dyn std::fmt::Display| FileStoreError::Open {
+            path: file.clone(),
+            reason: e.to_string(),
+        };
+        // Release what an earlier process of this instance left owned.
+        let txn = db.begin_write().map_err(|e| open_error(&e))?;
+        {
+            let mut table = txn.open_table(LEASES).map_err(|e| open_error(&e))?;
+            let mut orphans = Vec::new();
+            for entry in table.iter().map_err(|e| open_error(&e))? {
+                let (k, v) = entry.map_err(|e| open_error(&e))?;
+                let mut stored: Stored =
+                    serde_json::from_str(v.value()).map_err(|e| open_error(&e))?;
+                if stored.owner.take().is_some() {
+                    stored.handoff = None;
+                    stored.counter += 1;
+                    orphans.push((k.value().to_owned(), stored));
+                }
+            }
+            for (k, stored) in orphans {
+                let value = serde_json::to_string(&stored).map_err(|e| open_error(&e))?;
+                table
+                    .insert(k.as_str(), value.as_str())
+                    .map_err(|e| open_error(&e))?;
+            }
+        }
+        txn.commit().map_err(|e| open_error(&e))?;
+        Ok(Self { db: Arc::new(db) })
+    }
+
+    /// Runs `f` in one write transaction on the blocking pool; commits when
+    /// `f` returns `Ok`.
+    async fn write<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut redb::Table<&str, &str>) -> Result<R, LeaseError> + Send + 'static,
+    ) -> Result<R, LeaseError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_write().map_err(store_error)?;
+            let result = {
+                let mut table = txn.open_table(LEASES).map_err(store_error)?;
+                f(&mut table)?
+            };
+            txn.commit().map_err(store_error)?;
+            Ok(result)
+        })
+        .await
+        .map_err(store_error)?
+    }
+
+    /// Applies `update` to a lease the caller holds, if it still does.
+    async fn update_held(
+        &self,
+        held: &HeldLease,
+        update: impl FnOnce(&mut Lease) + Send + 'static,
+    ) -> Result<HeldLease, LeaseError> {
+        let held = held.clone();
+        self.write(move |table| {
+            let k = db_key(&held.key);
+            let current = match table.get(k.as_str()).map_err(store_error)? {
+                Some(v) => decode(held.key.clone(), v.value())?,
+                None => return Err(LeaseError::Lost(held.key.clone())),
+            };
+            if current.owner.as_ref() != Some(&held.owner) || current.counter != held.counter {
+                return Err(LeaseError::Lost(held.key.clone()));
+            }
+            let mut lease = current;
+            update(&mut lease);
+            lease.counter += 1;
+            table
+                .insert(k.as_str(), encode(&lease).as_str())
+                .map_err(store_error)?;
+            Ok(HeldLease {
+                counter: lease.counter,
+                handoff: lease.handoff.clone(),
+                ..held
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for FileLeaseStore {
+    async fn list(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+    ) -> Result<Vec<Lease>, LeaseError> {
+        let db = self.db.clone();
+        let (subscription, stream) = (subscription.clone(), stream.clone());
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read().map_err(store_error)?;
+            let table = match txn.open_table(LEASES) {
+                Ok(table) => table,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(store_error(e)),
+            };
+            let prefix = format!("{subscription}{SEP}{stream}{SEP}");
+            let mut leases = Vec::new();
+            for entry in table.range(prefix.as_str()..).map_err(store_error)? {
+                let (k, v) = entry.map_err(store_error)?;
+                let Some(shard) = k.value().strip_prefix(prefix.as_str()) else {
+                    break;
+                };
+                let key = LeaseKey {
+                    subscription: subscription.clone(),
+                    stream: stream.clone(),
+                    shard: ShardId::new(shard),
+                };
+                leases.push(decode(key, v.value())?);
+            }
+            Ok(leases)
+        })
+        .await
+        .map_err(store_error)?
+    }
+
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+        let db = self.db.clone();
+        let key = key.clone();
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read().map_err(store_error)?;
+            let table = match txn.open_table(LEASES) {
+                Ok(table) => table,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(store_error(e)),
+            };
+            let found = table.get(db_key(&key).as_str()).map_err(store_error)?;
+            found.map(|v| decode(key.clone(), v.value())).transpose()
+        })
+        .await
+        .map_err(store_error)?
+    }
+
+    async fn acquire(
+        &self,
+        key: &LeaseKey,
+        owner: &OwnerId,
+        seen: Option<&Lease>,
+    ) -> Result<HeldLease, LeaseError> {
+        let (key, owner, seen) = (key.clone(), owner.clone(), seen.cloned());
+        self.write(move |table| {
+            let k = db_key(&key);
+            let current = table
+                .get(k.as_str())
+                .map_err(store_error)?
+                .map(|v| decode(key.clone(), v.value()))
+                .transpose()?;
+            if current != seen {
+                return Err(LeaseError::Lost(key.clone()));
+            }
+            let mut lease = current.unwrap_or(Lease {
+                key: key.clone(),
+                owner: None,
+                counter: 0,
+                checkpoint: None,
+                handoff: None,
+            });
+            lease.owner = Some(owner.clone());
+            lease.handoff = None;
+            lease.counter += 1;
+            table
+                .insert(k.as_str(), encode(&lease).as_str())
+                .map_err(store_error)?;
+            Ok(HeldLease {
+                key: key.clone(),
+                owner: owner.clone(),
+                counter: lease.counter,
+                checkpoint: lease.checkpoint,
+                handoff: None,
+            })
+        })
+        .await
+    }
+
+    async fn renew(&self, held: &HeldLease) -> Result<HeldLease, LeaseError> {
+        self.update_held(held, |_| {}).await
+    }
+
+    async fn checkpoint(
+        &self,
+        held: &HeldLease,
+        checkpoint: &Checkpoint,
+    ) -> Result<HeldLease, LeaseError> {
+        let checkpoint = checkpoint.clone();
+        self.update_held(held, move |lease| lease.checkpoint = Some(checkpoint))
+            .await
+    }
+
+    async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {
+        self.update_held(held, |lease| {
+            lease.owner = None;
+            lease.handoff = None;
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn request_handoff(&self, seen: &Lease, to: &OwnerId) -> Result<(), LeaseError> {
+        let (seen, to) = (seen.clone(), to.clone());
+        self.write(move |table| {
+            let k = db_key(&seen.key);
+            let current = match table.get(k.as_str()).map_err(store_error)? {
+                Some(v) => decode(seen.key.clone(), v.value())?,
+                None => return Err(LeaseError::Lost(seen.key.clone())),
+            };
+            if current.owner.is_none()
+                || current.owner != seen.owner
+                || current.counter != seen.counter
+                || current.handoff.is_some()
+            {
+                return Err(LeaseError::Lost(seen.key.clone()));
+            }
+            let lease = Lease {
+                handoff: Some(to),
+                ..current
+            };
+            table
+                .insert(k.as_str(), encode(&lease).as_str())
+                .map_err(store_error)?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::SequenceNumber;
+
+    fn key(shard: &str) -> LeaseKey {
+        LeaseKey {
+            subscription: "app".into(),
+            stream: "orders".into(),
+            shard: shard.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn survives_reopen_and_frees_orphans() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::Sequence(SequenceNumber::parse("123456789").unwrap());
+        {
+            let store = FileLeaseStore::open(dir.path()).unwrap();
+            let held = store.acquire(&key("s-1"), &"a".into(), None).await.unwrap();
+            let held = store.checkpoint(&held, &cp).await.unwrap();
+            store.renew(&held).await.unwrap();
+            assert!(
+                store.checkpoint(&held, &cp).await.is_err(),
+                "stale counter is fenced"
+            );
+            store.acquire(&key("s-2"), &"a".into(), None).await.unwrap();
+            // Another subscription's lease is not listed with ours.
+            let other = LeaseKey {
+                subscription: "other".into(),
+                ..key("s-9")
+            };
+            store.acquire(&other, &"a".into(), None).await.unwrap();
+            assert!(
+                FileLeaseStore::open(dir.path())
+                    .is_err_and(|e| matches!(e, FileStoreError::InUse { .. }))
+            );
+        }
+        let store = FileLeaseStore::open(dir.path()).unwrap();
+        let leases = store.list(&"app".into(), &"orders".into()).await.unwrap();
+        assert_eq!(leases.len(), 2);
+        assert!(
+            leases.iter().all(|l| l.owner.is_none()),
+            "orphans released at open"
+        );
+        let s1 = leases
+            .iter()
+            .find(|l| l.key.shard.as_str() == "s-1")
+            .unwrap();
+        assert_eq!(s1.checkpoint, Some(cp.clone()));
+        let held = store
+            .acquire(&key("s-1"), &"b".into(), Some(s1))
+            .await
+            .unwrap();
+        assert_eq!(held.checkpoint, Some(cp));
+        store.release(&held).await.unwrap();
+        assert_eq!(store.read(&key("s-1")).await.unwrap().unwrap().owner, None);
+    }
+}

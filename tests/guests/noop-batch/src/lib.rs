@@ -1,0 +1,17 @@
+//! Benchmark plugin (batch-handler): acks every record of every batch,
+//! doing nothing else.
+
+wit_bindgen::generate!({
+    world: "batch-handler",
+    path: "../../../wit",
+});
+
+struct NoopBatch;
+
+impl Guest for NoopBatch {
+    fn handle_batch(records: Vec<KinesisRecord>) -> Vec<Outcome> {
+        records.iter().map(|_| Outcome::Ack).collect()
+    }
+}
+
+export!(NoopBatch);

@@ -1,0 +1,17 @@
+//! Benchmark plugin: acks every record, doing nothing else, so the dispatch
+//! benchmark measures the host's pipeline and the call itself.
+
+wit_bindgen::generate!({
+    world: "record-handler",
+    path: "../../../wit",
+});
+
+struct Noop;
+
+impl Guest for Noop {
+    fn handle(_record: KinesisRecord) -> Outcome {
+        Outcome::Ack
+    }
+}
+
+export!(Noop);
