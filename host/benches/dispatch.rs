@@ -16,7 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shardlane::channel::{self, Delivery, Record};
-use shardlane::config::{BatchConfig, DispatchMode, StartPosition, SubscriptionConfig};
+use shardlane::config::{
+    BatchConfig, DispatchMode, FailurePolicy, OnFailure, SandboxConfig, StartPosition,
+    SubscriptionConfig, defaults,
+};
 use shardlane::dispatch::{Dispatcher, Handler, HandlerFactory};
 use shardlane::ids::{LaneId, PartitionKey, SequenceNumber, ShardId, StreamName};
 use shardlane::plugin::{CallError, Outcome, PluginError, PluginHost};
@@ -71,7 +74,24 @@ fn subscription(dispatch: DispatchMode, batch: Option<usize>) -> Arc<Subscriptio
             size,
             window: Duration::from_millis(50),
         }),
+        failure: FailurePolicy {
+            max_attempts: None,
+            max_record_age: None,
+            on_failure: OnFailure::Block,
+            bisect_on_error: false,
+        },
+        sandbox: sandbox(),
     })
+}
+
+fn sandbox() -> SandboxConfig {
+    SandboxConfig {
+        max_memory: defaults::MAX_MEMORY,
+        fuel: None,
+        env: Vec::new(),
+        preopen: None,
+        log_rate: defaults::LOG_RATE,
+    }
 }
 
 fn records(count: usize) -> Vec<Arc<Record>> {
@@ -114,7 +134,7 @@ async fn run<F: HandlerFactory>(
         Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx).run(settle_rx),
     );
     let dispatcher = tokio::spawn(
-        Dispatcher::new(sub.clone(), factory, settle_tx.clone())
+        Dispatcher::new(sub.clone(), factory, settle_tx.clone(), None)
             .run(deliveries_rx, CancellationToken::new()),
     );
     // Per shard: its records in order.
@@ -182,10 +202,10 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let host = PluginHost::new()?;
-    let noop = Arc::new(host.load(&guests.noop, "bench".into(), Duration::from_secs(30))?);
-    let noop_batch =
-        Arc::new(host.load(&guests.noop_batch, "bench".into(), Duration::from_secs(30))?);
+    let host = PluginHost::for_checks()?;
+    let timeout = Duration::from_secs(30);
+    let noop = Arc::new(host.load(&guests.noop, "bench".into(), timeout, sandbox())?);
+    let noop_batch = Arc::new(host.load(&guests.noop_batch, "bench".into(), timeout, sandbox())?);
 
     let modes: Vec<(&str, DispatchMode, Option<usize>, usize)> = vec![
         ("sequential", DispatchMode::Sequential, None, 400_000),

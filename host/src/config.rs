@@ -163,6 +163,58 @@ pub struct BatchConfig {
     pub window: Duration,
 }
 
+/// What happens to a record whose handling keeps failing, or that the
+/// handler rejects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnFailure {
+    /// Hold the record (and its lane) and keep retrying; like Lambda.
+    Block,
+    /// Settle it with an error log and a counter.
+    Skip,
+    /// Put it to this stream (a JSON envelope) and only then settle it.
+    DeadLetter(StreamName),
+}
+
+/// The failure policy of a subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailurePolicy {
+    /// Attempts before giving up (`retry` outcomes, traps and timeouts
+    /// count); `None`: unlimited.
+    pub max_attempts: Option<u32>,
+    /// Give up on a record older than this (since it arrived in Kinesis).
+    pub max_record_age: Option<Duration>,
+    /// What giving up (or a `reject`) does.
+    pub on_failure: OnFailure,
+    /// Split a failing batch in halves and retry each, isolating a poison
+    /// record.
+    pub bisect_on_error: bool,
+}
+
+/// A read-only directory granted to the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preopen {
+    /// The directory on the host.
+    pub host: PathBuf,
+    /// Where the guest sees it.
+    pub guest: String,
+}
+
+/// What a guest may use: memory, CPU, capabilities, log volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxConfig {
+    /// Linear memory cap per instance, in bytes.
+    pub max_memory: usize,
+    /// Fuel per call (deterministic CPU bound); `None`: no fuel metering.
+    pub fuel: Option<u64>,
+    /// Environment variables granted, with their values at start-up.
+    pub env: Vec<(String, String)>,
+    /// A read-only directory granted.
+    pub preopen: Option<Preopen>,
+    /// Guest log lines per second per instance before lines are dropped
+    /// (and counted).
+    pub log_rate: u32,
+}
+
 /// One subscription: a stream, a plugin, and how to read.
 #[derive(Debug, Clone)]
 pub struct SubscriptionConfig {
@@ -192,6 +244,10 @@ pub struct SubscriptionConfig {
     pub dispatch: DispatchMode,
     /// Batch handling, for batch-handler plugins.
     pub batch: Option<BatchConfig>,
+    /// Retries, giving up, dead letters.
+    pub failure: FailurePolicy,
+    /// Limits and capabilities of the guest.
+    pub sandbox: SandboxConfig,
 }
 
 /// Defaults, with the reasoning behind each.
@@ -228,6 +284,13 @@ pub mod defaults {
     pub const RENEW_EVERY: Duration = Duration::from_secs(3);
     /// Picks up new shards after a reshard within this interval.
     pub const SHARD_SYNC_EVERY: Duration = Duration::from_secs(10);
+    /// Memory per guest instance: ample for handlers in Rust (about 1 MiB)
+    /// and Python or JavaScript (tens of MiB), small enough that a runaway
+    /// guest cannot exhaust the host.
+    pub const MAX_MEMORY: usize = 128 << 20;
+    /// Guest log lines per second per instance; a burst of twice that is
+    /// allowed.
+    pub const LOG_RATE: u32 = 100;
     /// Where the file lease store keeps its database.
     pub const FILE_STORE_PATH: &str = "shardlane-state";
 }
@@ -281,6 +344,53 @@ struct RawSubscription {
     by_key: Option<bool>,
     batch_size: Option<i64>,
     batch_window: Option<String>,
+    max_attempts: Option<i64>,
+    max_record_age: Option<String>,
+    on_failure: Option<RawOnFailure>,
+    dead_letter_stream: Option<String>,
+    bisect_on_error: Option<bool>,
+    max_memory: Option<String>,
+    fuel: Option<i64>,
+    env: Option<Vec<String>>,
+    preopen: Option<RawPreopen>,
+    log_rate: Option<i64>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum RawOnFailure {
+    Block,
+    Skip,
+    DeadLetter,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPreopen {
+    host: PathBuf,
+    guest: String,
+}
+
+/// Parses a size such as `"64MiB"`, `"512KiB"`, `"1GiB"`, `"100MB"` or a
+/// plain number of bytes.
+pub fn parse_size(value: &str) -> Option<usize> {
+    let value = value.trim();
+    let split = value
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: usize = number.parse().ok()?;
+    let multiplier: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return None,
+    };
+    number.checked_mul(multiplier)
 }
 
 #[derive(Deserialize)]
@@ -582,7 +692,129 @@ impl Validator<'_> {
                     ));
                 }
             };
+            let on_failure = match (
+                sub.on_failure.unwrap_or(RawOnFailure::Block),
+                sub.dead_letter_stream,
+            ) {
+                (RawOnFailure::DeadLetter, Some(stream)) if !stream.trim().is_empty() => {
+                    OnFailure::DeadLetter(StreamName::new(stream))
+                }
+                (RawOnFailure::DeadLetter, _) => {
+                    return Err(self.invalid(
+                        at("dead_letter_stream"),
+                        "on_failure = \"dead_letter\" needs the stream to put failed records to",
+                    ));
+                }
+                (_, Some(_)) => {
+                    return Err(self.invalid(
+                        at("dead_letter_stream"),
+                        "only applies with on_failure = \"dead_letter\"",
+                    ));
+                }
+                (RawOnFailure::Block, None) => OnFailure::Block,
+                (RawOnFailure::Skip, None) => OnFailure::Skip,
+            };
+            let max_attempts = match sub.max_attempts {
+                None | Some(-1) => None,
+                Some(n @ 1..=1_000_000) => Some(n as u32),
+                Some(n) => {
+                    return Err(self.invalid(
+                        at("max_attempts"),
+                        format!("{n} is out of range: 1 to 1000000, or -1 for unlimited"),
+                    ));
+                }
+            };
+            let failure = FailurePolicy {
+                max_attempts,
+                max_record_age: match sub.max_record_age.as_deref() {
+                    None => None,
+                    Some(age) => {
+                        Some(self.duration(&at("max_record_age"), Some(age), Duration::ZERO)?)
+                    }
+                },
+                on_failure,
+                bisect_on_error: sub.bisect_on_error.unwrap_or(false),
+            };
+            if failure.bisect_on_error && batch.is_none() {
+                return Err(self.invalid(
+                    at("bisect_on_error"),
+                    "only applies to batches (set batch_size)",
+                ));
+            }
+            let max_memory = match sub.max_memory.as_deref() {
+                None => defaults::MAX_MEMORY,
+                Some(text) => match parse_size(text) {
+                    Some(bytes) if bytes >= 1 << 20 => bytes,
+                    Some(_) => {
+                        return Err(self.invalid(
+                            at("max_memory"),
+                            format!("{text:?} is too small: at least 1MiB"),
+                        ));
+                    }
+                    None => {
+                        return Err(self.invalid(
+                            at("max_memory"),
+                            format!("{text:?} is not a size; write e.g. \"64MiB\", \"1GiB\""),
+                        ));
+                    }
+                },
+            };
+            let fuel = match sub.fuel {
+                None => None,
+                Some(n) if n > 0 => Some(n as u64),
+                Some(n) => return Err(self.invalid(at("fuel"), format!("{n} must be positive"))),
+            };
+            let mut env = Vec::new();
+            for name in sub.env.unwrap_or_default() {
+                match std::env::var(&name) {
+                    Ok(value) => env.push((name, value)),
+                    Err(_) => {
+                        return Err(self.invalid(
+                            at("env"),
+                            format!("{name:?} is not set in the host's environment"),
+                        ));
+                    }
+                }
+            }
+            let preopen = match sub.preopen {
+                None => None,
+                Some(p) => {
+                    if !p.host.is_dir() {
+                        return Err(self.invalid(
+                            at("preopen.host"),
+                            format!("{} is not a directory", p.host.display()),
+                        ));
+                    }
+                    if !p.guest.starts_with('/') {
+                        return Err(self.invalid(
+                            at("preopen.guest"),
+                            "must be an absolute path, e.g. \"/data\"",
+                        ));
+                    }
+                    Some(Preopen {
+                        host: p.host,
+                        guest: p.guest,
+                    })
+                }
+            };
+            let log_rate = match sub.log_rate {
+                None => defaults::LOG_RATE,
+                Some(n @ 1..=1_000_000) => n as u32,
+                Some(n) => {
+                    return Err(
+                        self.invalid(at("log_rate"), format!("{n} is out of range: 1 to 1000000"))
+                    );
+                }
+            };
             subscriptions.push(SubscriptionConfig {
+                failure,
+                sandbox: SandboxConfig {
+                    max_memory,
+                    fuel,
+                    env,
+                    preopen,
+                    log_rate,
+                },
                 dispatch,
                 batch,
                 name: SubscriptionName::new(sub.name),
@@ -776,6 +1008,77 @@ start = { at_timestamp = "2026-12-01T00:00:00Z" }
                 .unwrap_err()
                 .contains("subscription[0].batch_window")
         );
+    }
+
+    #[test]
+    fn failure_policy_and_sandbox() {
+        let sub =
+            |extra: &str| parse(&format!("{MINIMAL}{extra}")).map(|c| c.subscriptions[0].clone());
+        let d = sub("").unwrap();
+        assert_eq!(d.failure.on_failure, OnFailure::Block);
+        assert_eq!(d.failure.max_attempts, None);
+        assert_eq!(d.sandbox.max_memory, defaults::MAX_MEMORY);
+        let s = sub("on_failure = \"dead_letter\"\ndead_letter_stream = \"dlq\"\nmax_attempts = 3\nmax_record_age = \"1h\"\nmax_memory = \"64MiB\"\nfuel = 1000000\n").unwrap();
+        assert_eq!(s.failure.on_failure, OnFailure::DeadLetter("dlq".into()));
+        assert_eq!(s.failure.max_attempts, Some(3));
+        assert_eq!(s.failure.max_record_age, Some(Duration::from_secs(3600)));
+        assert_eq!(s.sandbox.max_memory, 64 << 20);
+        assert_eq!(s.sandbox.fuel, Some(1_000_000));
+        assert_eq!(
+            sub("max_attempts = -1\n").unwrap().failure.max_attempts,
+            None
+        );
+        assert!(
+            sub("on_failure = \"dead_letter\"\n")
+                .unwrap_err()
+                .contains("subscription[0].dead_letter_stream")
+        );
+        assert!(
+            sub("dead_letter_stream = \"x\"\n")
+                .unwrap_err()
+                .contains("subscription[0].dead_letter_stream")
+        );
+        assert!(
+            sub("on_failure = \"explode\"\n")
+                .unwrap_err()
+                .contains("on_failure")
+        );
+        assert!(
+            sub("max_memory = \"lots\"\n")
+                .unwrap_err()
+                .contains("subscription[0].max_memory")
+        );
+        assert!(
+            sub("max_attempts = 0\n")
+                .unwrap_err()
+                .contains("subscription[0].max_attempts")
+        );
+        assert!(
+            sub("bisect_on_error = true\n")
+                .unwrap_err()
+                .contains("subscription[0].bisect_on_error")
+        );
+        assert!(
+            sub("env = [\"SHARDLANE_SURELY_UNSET_VARIABLE\"]\n")
+                .unwrap_err()
+                .contains("subscription[0].env")
+        );
+        assert!(
+            sub("preopen = { host = \"/nonexistent-dir\", guest = \"/data\" }\n")
+                .unwrap_err()
+                .contains("subscription[0].preopen.host")
+        );
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64MiB"), Some(64 << 20));
+        assert_eq!(parse_size("1GiB"), Some(1 << 30));
+        assert_eq!(parse_size("512KiB"), Some(512 << 10));
+        assert_eq!(parse_size("100MB"), Some(100_000_000));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("MiB"), None);
+        assert_eq!(parse_size("12 parsecs"), None);
     }
 
     #[test]

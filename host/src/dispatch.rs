@@ -61,6 +61,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::channel::{Delivery, DeliveryReceiver, Record};
 use crate::config::{DispatchMode, SubscriptionConfig};
+use crate::failure::DeadLetters;
 use crate::ids::LaneId;
 use crate::plugin::{CallError, Instance, Outcome, Plugin, PluginError};
 use crate::settlement::SettlementSender;
@@ -129,20 +130,24 @@ pub struct Dispatcher<F> {
     subscription: Arc<SubscriptionConfig>,
     factory: Arc<F>,
     settlement: SettlementSender,
+    dead_letters: Option<DeadLetters>,
 }
 
 impl<F: HandlerFactory> Dispatcher<F> {
-    /// A dispatcher calling handlers from `factory` and settling through
-    /// `settlement`.
+    /// A dispatcher calling handlers from `factory`, settling through
+    /// `settlement`, and putting given-up records to `dead_letters` (needed
+    /// when the policy is `dead_letter`).
     pub fn new(
         subscription: Arc<SubscriptionConfig>,
         factory: Arc<F>,
         settlement: SettlementSender,
+        dead_letters: Option<DeadLetters>,
     ) -> Self {
         Self {
             subscription,
             factory,
             settlement,
+            dead_letters,
         }
     }
 
@@ -152,6 +157,7 @@ impl<F: HandlerFactory> Dispatcher<F> {
             self.subscription.clone(),
             self.factory.clone(),
             self.settlement.clone(),
+            self.dead_letters.clone(),
         )
     }
 

@@ -13,6 +13,8 @@
 //!   and the [`channel::Record`] it carries.
 //! - [`dispatch`]: takes deliveries off the channel and runs the handler,
 //!   retrying in place.
+//! - [`failure`]: the failure policy (attempts, age, skip, block, dead
+//!   letters) the lanes apply.
 //! - [`settlement`]: out-of-order acks in, safe coalesced checkpoints out
 //!   (the pure [`settlement::watermark`] inside).
 //! - [`plugin`]: the wasmtime embedding: engine, components, instances, the
@@ -28,6 +30,7 @@ pub mod backoff;
 pub mod channel;
 pub mod config;
 pub mod dispatch;
+pub mod failure;
 pub mod ids;
 pub mod kinesis;
 pub mod lease;

@@ -61,7 +61,7 @@ fn main() -> ExitCode {
 }
 
 fn check(path: PathBuf) -> anyhow::Result<()> {
-    let host = PluginHost::new().context("cannot start the WebAssembly engine")?;
+    let host = PluginHost::for_checks().context("cannot start the WebAssembly engine")?;
     let info = host.inspect(&path)?;
     println!("{}: ok", path.display());
     println!("world: {} ({WIT_PACKAGE})", info.world);

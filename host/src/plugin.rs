@@ -20,8 +20,16 @@
 //!   import it, but the context grants nothing: no preopened directories, no
 //!   environment variables, no arguments, no network (every socket address is
 //!   denied), stdin empty and stdout/stderr discarded.
-//! - Memory per instance is capped by [`StoreLimits`] on top of the pool's
-//!   own limits.
+//! - Memory per instance is capped by [`StoreLimits`] (`max_memory`) on top
+//!   of the pool's own limits; a guest growing past it traps, which fails
+//!   the call. Optional fuel per call bounds CPU deterministically.
+//! - Config may grant environment variables by name and one read-only
+//!   preopened directory; nothing else.
+//! - Guest logging is rate-limited per instance (a token bucket of
+//!   `log_rate` lines a second, bursts of twice that); lines over the limit
+//!   are dropped and counted, and the count is logged once lines flow again
+//!   (or when the instance goes). Messages over [`MAX_LOG_MESSAGE`] are
+//!   cut.
 
 pub mod bindings;
 
@@ -36,9 +44,10 @@ use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits,
     StoreLimitsBuilder,
 };
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::channel::Record;
+use crate::config::{SandboxConfig, defaults};
 use crate::ids::{LaneId, SubscriptionName};
 use bindings::batch::{BatchHandler, BatchHandlerPre};
 use bindings::record::{RecordHandler, RecordHandlerPre};
@@ -47,11 +56,6 @@ pub use bindings::{KinesisRecord, Level, Outcome};
 /// How often the engine's epoch advances. Every running guest yields to the
 /// async runtime at each tick, and timeouts are observed at this grain.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
-
-/// Default memory cap per instance. Generous for a handler (the Rust echo
-/// guest needs about 1 MiB), small enough that a runaway guest cannot
-/// exhaust the host.
-pub const DEFAULT_MAX_MEMORY: usize = 256 << 20;
 
 /// Longest guest log message kept; longer ones are cut, so one call cannot
 /// fill the host's log with megabytes.
@@ -232,7 +236,45 @@ enum CallContext {
     },
 }
 
-/// Per-store host state: WASI (granting nothing) and the log context.
+/// A token bucket for guest log lines.
+struct LogBudget {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    refilled: Instant,
+    dropped: u64,
+}
+
+impl LogBudget {
+    fn new(rate: u32) -> Self {
+        let rate = f64::from(rate);
+        Self {
+            rate,
+            burst: rate * 2.0,
+            tokens: rate * 2.0,
+            refilled: Instant::now(),
+            dropped: 0,
+        }
+    }
+
+    /// True when a line may be written now.
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        let refill = now.duration_since(self.refilled).as_secs_f64() * self.rate;
+        self.tokens = (self.tokens + refill).min(self.burst);
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.dropped += 1;
+            false
+        }
+    }
+}
+
+/// Per-store host state: WASI (granting only what config grants) and the
+/// log context.
 pub struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
@@ -241,6 +283,28 @@ pub struct HostState {
     lane: LaneId,
     digest: PluginDigest,
     call: CallContext,
+    log_budget: LogBudget,
+}
+
+impl HostState {
+    fn report_dropped(&mut self) {
+        if self.log_budget.dropped > 0 {
+            tracing::warn!(
+                subscription = self.subscription.as_str(),
+                plugin = self.digest.short(),
+                lane = self.lane.0,
+                dropped = self.log_budget.dropped,
+                "guest log lines dropped by the rate limit"
+            );
+            self.log_budget.dropped = 0;
+        }
+    }
+}
+
+impl Drop for HostState {
+    fn drop(&mut self) {
+        self.report_dropped();
+    }
 }
 
 impl WasiView for HostState {
@@ -268,6 +332,10 @@ macro_rules! guest_event {
 
 impl bindings::log::Host for HostState {
     fn log(&mut self, level: Level, mut message: String) {
+        if !self.log_budget.take() {
+            return;
+        }
+        self.report_dropped();
         if message.len() > MAX_LOG_MESSAGE {
             let mut cut = MAX_LOG_MESSAGE;
             while !message.is_char_boundary(cut) {
@@ -313,6 +381,7 @@ impl bindings::log::Host for HostState {
 pub struct PluginHost {
     engine: Engine,
     linker: Arc<Linker<HostState>>,
+    fuel: bool,
 }
 
 impl PluginHost {
@@ -322,7 +391,11 @@ impl PluginHost {
     /// # Errors
     /// When wasmtime rejects the configuration (e.g. it cannot reserve the
     /// pool's virtual memory).
-    pub fn new() -> anyhow::Result<Self> {
+    ///
+    /// `max_memory` is the largest memory any instance may grow to (the
+    /// largest `max_memory` of any subscription); `fuel` turns fuel metering
+    /// on (when any subscription sets `fuel`).
+    pub fn new(max_memory: usize, fuel: bool) -> anyhow::Result<Self> {
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(1_000)
             .total_core_instances(2_000)
@@ -330,11 +403,12 @@ impl PluginHost {
             .total_memories(1_000)
             .total_tables(2_000)
             .max_tables_per_component(64)
-            .max_memory_size(DEFAULT_MAX_MEMORY);
+            .max_memory_size(max_memory);
         let mut config = Config::new();
         config
             .wasm_component_model(true)
             .epoch_interruption(true)
+            .consume_fuel(fuel)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
         spawn_epoch_ticker(&engine);
@@ -345,7 +419,16 @@ impl PluginHost {
         Ok(Self {
             engine,
             linker: Arc::new(linker),
+            fuel,
         })
+    }
+
+    /// An engine for checking plugins (`shardlane check`): default limits.
+    ///
+    /// # Errors
+    /// As [`PluginHost::new`].
+    pub fn for_checks() -> anyhow::Result<Self> {
+        Self::new(defaults::MAX_MEMORY, false)
     }
 
     fn compile(&self, path: &Path) -> Result<(Component, PluginDigest), PluginError> {
@@ -466,6 +549,7 @@ impl PluginHost {
         path: &Path,
         subscription: SubscriptionName,
         handler_timeout: Duration,
+        sandbox: SandboxConfig,
     ) -> Result<Plugin, PluginError> {
         let (component, digest) = self.compile(path)?;
         let world = self.world_of(path, &component)?;
@@ -478,6 +562,8 @@ impl PluginHost {
             engine: self.engine.clone(),
             subscription,
             handler_timeout,
+            sandbox,
+            fuel_metering: self.fuel,
         })
     }
 }
@@ -520,6 +606,8 @@ pub struct Plugin {
     engine: Engine,
     subscription: SubscriptionName,
     handler_timeout: Duration,
+    sandbox: SandboxConfig,
+    fuel_metering: bool,
 }
 
 impl Plugin {
@@ -547,14 +635,27 @@ impl Plugin {
         let mut wasi = WasiCtxBuilder::new();
         wasi.allow_tcp(false)
             .allow_udp(false)
-            .allow_ip_name_lookup(false);
+            .allow_ip_name_lookup(false)
+            .envs(&self.sandbox.env);
+        if let Some(preopen) = &self.sandbox.preopen {
+            wasi.preopened_dir(&preopen.host, &preopen.guest, FsPerms::ReadOnly)
+                .map_err(|e| PluginError::Instantiate {
+                    path: self.path.clone(),
+                    reason: format!("cannot preopen {}: {e}", preopen.host.display()),
+                })?;
+        }
         let state = HostState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
             limits: StoreLimitsBuilder::new()
-                .memory_size(DEFAULT_MAX_MEMORY)
+                .memory_size(self.sandbox.max_memory)
+                .table_elements(100_000)
+                .instances(100)
+                .tables(100)
+                .memories(100)
                 .trap_on_grow_failure(true)
                 .build(),
+            log_budget: LogBudget::new(self.sandbox.log_rate),
             subscription: self.subscription.clone(),
             lane,
             digest: self.digest.clone(),
@@ -585,6 +686,9 @@ impl Plugin {
             store,
             handler,
             timeout: self.handler_timeout,
+            fuel: self
+                .fuel_metering
+                .then_some(self.sandbox.fuel.unwrap_or(u64::MAX)),
         })
     }
 }
@@ -600,6 +704,8 @@ pub struct Instance {
     store: Store<HostState>,
     handler: Handler,
     timeout: Duration,
+    /// Fuel granted per call, when the engine meters fuel.
+    fuel: Option<u64>,
 }
 
 /// The WIT view of a record: borrows the host's strings and bytes, which
@@ -617,6 +723,15 @@ fn to_wit(record: &Record, attempt: u32) -> KinesisRecord<'_> {
 }
 
 impl Instance {
+    fn refuel(&mut self) -> Result<(), CallError> {
+        if let Some(fuel) = self.fuel {
+            self.store
+                .set_fuel(fuel)
+                .map_err(|e| CallError::Trap(one_line(&e)))?;
+        }
+        Ok(())
+    }
+
     /// Calls `handle` for one record.
     ///
     /// # Errors
@@ -627,13 +742,16 @@ impl Instance {
         attempt: u32,
     ) -> Result<Outcome, CallError> {
         let timeout = self.timeout;
+        self.refuel()?;
         let Handler::Record(handler) = &self.handler else {
             return Err(CallError::WrongWorld(World::BatchHandler));
         };
         self.store.data_mut().call = CallContext::Record(record.clone());
         let arg = to_wit(record, attempt);
         let result = tokio::time::timeout(timeout, handler.call_handle(&mut self.store, arg)).await;
-        self.store.data_mut().call = CallContext::Idle;
+        let state = self.store.data_mut();
+        state.call = CallContext::Idle;
+        state.report_dropped();
         match result {
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(trap)) => Err(CallError::Trap(one_line(&trap))),
@@ -651,6 +769,7 @@ impl Instance {
         records: &[(Arc<Record>, u32)],
     ) -> Result<Vec<Outcome>, CallError> {
         let timeout = self.timeout;
+        self.refuel()?;
         let Handler::Batch(handler) = &self.handler else {
             return Err(CallError::WrongWorld(World::RecordHandler));
         };
@@ -664,7 +783,9 @@ impl Instance {
         let args: Vec<KinesisRecord> = records.iter().map(|(r, a)| to_wit(r, *a)).collect();
         let result =
             tokio::time::timeout(timeout, handler.call_handle_batch(&mut self.store, &args)).await;
-        self.store.data_mut().call = CallContext::Idle;
+        let state = self.store.data_mut();
+        state.call = CallContext::Idle;
+        state.report_dropped();
         match result {
             Ok(Ok(outcomes)) if outcomes.len() == records.len() => Ok(outcomes),
             Ok(Ok(outcomes)) => Err(CallError::WrongOutcomeCount {

@@ -33,9 +33,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::channel;
-use crate::config::{Config, LeaseBackend, SubscriptionConfig};
+use crate::config::{Config, LeaseBackend, OnFailure, defaults};
 use crate::dispatch::Dispatcher;
+use crate::failure::DeadLetters;
 use crate::ids::OwnerId;
+use crate::ids::StreamName;
 use crate::kinesis;
 use crate::lease::LeaseStore;
 use crate::lease::dynamodb::DynamoDbLeaseStore;
@@ -76,11 +78,27 @@ struct Running {
 /// When start-up fails: a plugin that cannot be used, a stream that does not
 /// exist, a subscription whose plugin world does not fit its config.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let plugins = PluginHost::new().context("cannot start the WebAssembly engine")?;
+    let max_memory = config
+        .subscriptions
+        .iter()
+        .map(|s| s.sandbox.max_memory)
+        .max()
+        .unwrap_or(defaults::MAX_MEMORY);
+    let fuel = config
+        .subscriptions
+        .iter()
+        .any(|s| s.sandbox.fuel.is_some());
+    let plugins =
+        PluginHost::new(max_memory, fuel).context("cannot start the WebAssembly engine")?;
     let mut loaded = Vec::new();
     for (i, sub) in config.subscriptions.iter().enumerate() {
         let plugin = plugins
-            .load(&sub.plugin, sub.name.clone(), sub.handler_timeout)
+            .load(
+                &sub.plugin,
+                sub.name.clone(),
+                sub.handler_timeout,
+                sub.sandbox.clone(),
+            )
             .with_context(|| format!("subscription[{i}] ({})", sub.name))?;
         match (plugin.world(), sub.batch) {
             (World::BatchHandler, None) => anyhow::bail!(
@@ -104,9 +122,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 
     let client = kinesis::client(&config.aws).await;
     for (i, (sub, _)) in loaded.iter().enumerate() {
-        check_stream(&client, sub)
+        let context = || format!("subscription[{i}] ({})", sub.name);
+        check_stream(&client, &sub.stream, "stream")
             .await
-            .with_context(|| format!("subscription[{i}] ({})", sub.name))?;
+            .with_context(context)?;
+        if let OnFailure::DeadLetter(dlq) = &sub.failure.on_failure {
+            check_stream(&client, dlq, "dead_letter_stream")
+                .await
+                .with_context(context)?;
+        }
     }
 
     let store: Arc<dyn LeaseStore> = match &config.lease.store {
@@ -142,7 +166,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         let hard_stop = CancellationToken::new();
 
         let settlement = Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx);
-        let dispatcher = Dispatcher::new(sub.clone(), plugin, settle_tx.clone());
+        let dead_letters = match &sub.failure.on_failure {
+            OnFailure::DeadLetter(stream) => Some(DeadLetters::new(
+                client.clone(),
+                stream.clone(),
+                sub.name.clone(),
+                plugin.digest().to_string(),
+            )),
+            _ => None,
+        };
+        let dispatcher = Dispatcher::new(sub.clone(), plugin, settle_tx.clone(), dead_letters);
         let keeper = Keeper::new(
             sub.clone(),
             config.lease.clone(),
@@ -197,28 +230,48 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     Ok(())
 }
 
-/// Fails when the stream does not exist; other errors (an endpoint not up
-/// yet) are logged and left to the readers' retries.
+/// How long start-up keeps trying to reach Kinesis before it gives up.
+const REACH_KINESIS_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Fails when the stream does not exist, naming the config key; an
+/// unreachable endpoint is retried with backoff for [`REACH_KINESIS_FOR`],
+/// then fails with the last error.
 async fn check_stream(
     client: &aws_sdk_kinesis::Client,
-    sub: &SubscriptionConfig,
+    stream: &StreamName,
+    key: &str,
 ) -> anyhow::Result<()> {
-    match client
-        .describe_stream_summary()
-        .stream_name(sub.stream.as_str())
-        .send()
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|s| s.is_resource_not_found_exception()) =>
+    let deadline = tokio::time::Instant::now() + REACH_KINESIS_FOR;
+    let mut backoff = crate::backoff::Backoff::new(
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_secs(5),
+    );
+    loop {
+        match client
+            .describe_stream_summary()
+            .stream_name(stream.as_str())
+            .send()
+            .await
         {
-            anyhow::bail!("stream {:?} does not exist", sub.stream.as_str())
-        }
-        Err(e) => {
-            tracing::warn!(subscription = %sub.name, stream = %sub.stream, error = %aws_sdk_kinesis::error::DisplayErrorContext(&e), "cannot describe the stream yet; readers will keep trying");
-            Ok(())
+            Ok(_) => return Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
+            {
+                anyhow::bail!("{key} {:?} does not exist", stream.as_str())
+            }
+            Err(e) => {
+                let error = aws_sdk_kinesis::error::DisplayErrorContext(&e).to_string();
+                if tokio::time::Instant::now() >= deadline {
+                    anyhow::bail!(
+                        "cannot reach Kinesis to check {key} {:?} (tried for {REACH_KINESIS_FOR:?}): {error}",
+                        stream.as_str()
+                    );
+                }
+                let wait = backoff.next_wait();
+                tracing::warn!(stream = %stream, error, ?wait, "cannot reach Kinesis yet; retrying");
+                tokio::time::sleep(wait).await;
+            }
         }
     }
 }

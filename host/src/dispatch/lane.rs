@@ -1,6 +1,8 @@
 //! One lane: one handler instance, one record or batch at a time, retries in
-//! place (see [`super`] for the rules).
+//! place, giving up by the failure policy (see [`super`] and
+//! [`crate::failure`]).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,9 +14,18 @@ use super::{Handler, HandlerFactory};
 use crate::backoff::Backoff;
 use crate::channel::{Delivery, DeliveryReceiver, Record};
 use crate::config::SubscriptionConfig;
+use crate::failure::{self, DeadLetters, Next};
 use crate::ids::LaneId;
 use crate::plugin::{CallError, Outcome};
 use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
+
+/// First and longest wait between dead-letter puts that fail.
+const DEAD_LETTER_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(200), Duration::from_secs(10));
+
+/// A blocked record is logged at its first blocked attempt and every this
+/// many after.
+const BLOCKED_LOG_EVERY: u32 = 10;
 
 pub(super) struct Lane<F: HandlerFactory> {
     id: LaneId,
@@ -22,14 +33,17 @@ pub(super) struct Lane<F: HandlerFactory> {
     factory: Arc<F>,
     handler: Option<F::Handler>,
     settlement: SettlementSender,
+    dead_letters: Option<DeadLetters>,
 }
 
-/// What became of one call, for the retry loop.
-enum Verdict {
-    /// Keep the instance.
-    Keep,
-    /// Drop the instance (trap, timeout): a fresh one is made for the retry.
-    Recycle,
+/// `hard_stop` fired: the lane stops where it is.
+struct Stopped;
+
+/// A record inside a batch, with its own attempt count.
+struct Item {
+    record: Arc<Record>,
+    ticket: Ticket,
+    attempt: u32,
 }
 
 impl<F: HandlerFactory> Lane<F> {
@@ -38,6 +52,7 @@ impl<F: HandlerFactory> Lane<F> {
         subscription: Arc<SubscriptionConfig>,
         factory: Arc<F>,
         settlement: SettlementSender,
+        dead_letters: Option<DeadLetters>,
     ) -> Self {
         Self {
             id,
@@ -45,6 +60,7 @@ impl<F: HandlerFactory> Lane<F> {
             factory,
             handler: None,
             settlement,
+            dead_letters,
         }
     }
 
@@ -139,22 +155,26 @@ impl<F: HandlerFactory> Lane<F> {
         self.handler.as_mut()
     }
 
-    fn failed(&mut self, error: &CallError, record: &Record, attempt: u32) -> Verdict {
+    /// Logs a failed call and drops the instance when it can no longer be
+    /// used (trap, timeout). Returns the reason for the record's history.
+    fn failed_call(
+        &mut self,
+        error: &CallError,
+        record: &Record,
+        attempt: u32,
+        batch_len: usize,
+    ) -> String {
         let sub = self.subscription.name.as_str();
         match error {
-            CallError::Trap(_) | CallError::Timeout(_) => {
-                tracing::warn!(subscription = sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, error = %error, "handler failed; instance recycled, will retry");
-                Verdict::Recycle
+            CallError::Trap(_) | CallError::Timeout(_) | CallError::WrongWorld(_) => {
+                tracing::warn!(subscription = sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, batch_len, error = %error, "handler failed; instance recycled");
+                self.handler = None;
             }
             CallError::WrongOutcomeCount { .. } => {
-                tracing::error!(subscription = sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, error = %error, "guest error: the whole batch will be retried");
-                Verdict::Keep
-            }
-            CallError::WrongWorld(_) => {
-                tracing::error!(subscription = sub, lane = self.id.0, error = %error, "plugin world does not fit the subscription; will retry");
-                Verdict::Recycle
+                tracing::error!(subscription = sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, batch_len, error = %error, "guest error: the whole batch failed");
             }
         }
+        error.to_string()
     }
 
     /// Handles one record until it settles. False when `hard_stop` cut it
@@ -171,19 +191,38 @@ impl<F: HandlerFactory> Lane<F> {
                 _ = hard_stop.cancelled() => return false,
                 r = handler.handle(&record, attempt) => r,
             };
-            match result {
-                Ok(Outcome::Ack) => break,
+            let reason = match result {
+                Ok(Outcome::Ack) => {
+                    self.settle(SettlementMsg::Settle(ticket)).await;
+                    return true;
+                }
                 Ok(Outcome::Reject(reason)) => {
-                    tracing::warn!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, reason, "record rejected by the handler; settled");
-                    break;
+                    let next = failure::after_reject(&self.subscription.failure);
+                    return self
+                        .give_up(
+                            &record,
+                            ticket,
+                            next,
+                            &format!("rejected: {reason}"),
+                            attempt,
+                            hard_stop,
+                        )
+                        .await;
                 }
                 Ok(Outcome::Retry(reason)) => {
                     tracing::info!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, reason, "handler asked to retry");
+                    format!("retry: {reason}")
                 }
-                Err(e) => {
-                    if let Verdict::Recycle = self.failed(&e, &record, attempt) {
-                        self.handler = None;
-                    }
+                Err(e) => self.failed_call(&e, &record, attempt, 1),
+            };
+            match failure::after_failure(&self.subscription.failure, attempt, failure::age(&record))
+            {
+                Next::Retry => {}
+                Next::Blocked => self.log_blocked(&record, attempt, &reason),
+                next => {
+                    return self
+                        .give_up(&record, ticket, next, &reason, attempt, hard_stop)
+                        .await;
                 }
             }
             attempt = attempt.saturating_add(1);
@@ -191,70 +230,206 @@ impl<F: HandlerFactory> Lane<F> {
                 return false;
             }
         }
+    }
+
+    fn log_blocked(&self, record: &Record, attempt: u32, reason: &str) {
+        let since = attempt.saturating_sub(self.subscription.failure.max_attempts.unwrap_or(0));
+        if since.is_multiple_of(BLOCKED_LOG_EVERY) || since <= 1 {
+            tracing::error!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, reason, "record blocked: out of attempts, on_failure = block keeps retrying it (the lane waits)");
+        }
+    }
+
+    /// Settles a record given up on: dead-letters it first (retrying the put
+    /// until it succeeds), or skips it. False when `hard_stop` cut it off
+    /// (the record then stays unsettled).
+    async fn give_up(
+        &mut self,
+        record: &Record,
+        ticket: Ticket,
+        next: Next,
+        reason: &str,
+        attempts: u32,
+        stop: &CancellationToken,
+    ) -> bool {
+        let sub = self.subscription.name.clone();
+        match (next, &self.dead_letters) {
+            (Next::DeadLetter, Some(dead_letters)) => {
+                let mut backoff = Backoff::new(DEAD_LETTER_BACKOFF.0, DEAD_LETTER_BACKOFF.1);
+                loop {
+                    let put = tokio::select! {
+                        _ = stop.cancelled() => return false,
+                        put = dead_letters.put(record, reason, attempts) => put,
+                    };
+                    match put {
+                        Ok(dlq_sequence) => {
+                            tracing::warn!(subscription = %sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, partition_key = %record.partition_key, attempts, reason, dead_letter_stream = %dead_letters.stream(), dead_letter_sequence = dlq_sequence, "record dead-lettered");
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::error!(subscription = %sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, error = e, "dead-letter put failed; retrying (the record stays unsettled)");
+                            if !sleep(backoff.next_wait(), stop).await {
+                                return false;
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {
+                tracing::error!(subscription = %sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, partition_key = %record.partition_key, attempts, reason, "record skipped");
+            }
+        }
         self.settle(SettlementMsg::Settle(ticket)).await;
         true
     }
 
-    /// Handles a batch until every record in it settles: records the handler
-    /// retried are called again, alone, before the lane takes new ones.
-    /// False when `hard_stop` cut it off.
+    /// Handles a batch until every record in it settles. Records the handler
+    /// retried are called again, alone, before the lane takes new ones; a
+    /// failed call (trap, timeout, wrong-length answer) retries the batch,
+    /// or with `bisect_on_error` splits it in halves that are handled in
+    /// turn. False when `hard_stop` cut it off.
     async fn deliver_batch(&mut self, batch: Vec<Delivery>, hard_stop: &CancellationToken) -> bool {
-        let mut tickets: Vec<Ticket> = Vec::with_capacity(batch.len());
-        let mut pending: Vec<(Arc<Record>, u32)> = Vec::with_capacity(batch.len());
-        for Delivery { record, ticket } in batch {
-            pending.push((record, 1));
-            tickets.push(ticket);
-        }
+        let items: Vec<Item> = batch
+            .into_iter()
+            .map(|Delivery { record, ticket }| Item {
+                record,
+                ticket,
+                attempt: 1,
+            })
+            .collect();
+        let mut groups: VecDeque<Vec<Item>> = VecDeque::from([items]);
         let mut backoff = self.backoff();
-        while !pending.is_empty() {
-            let Some(handler) = self.handler(&mut backoff, hard_stop).await else {
-                return false;
-            };
-            let result = tokio::select! {
-                _ = hard_stop.cancelled() => return false,
-                r = handler.handle_batch(&pending) => r,
-            };
-            match result {
-                Ok(outcomes) => {
-                    let mut settled = Vec::with_capacity(outcomes.len());
-                    let mut retry_records = Vec::new();
-                    let mut retry_tickets = Vec::new();
-                    for (((record, attempt), ticket), outcome) in
-                        pending.drain(..).zip(tickets.drain(..)).zip(outcomes)
-                    {
-                        match outcome {
-                            Outcome::Ack => settled.push(ticket),
-                            Outcome::Reject(reason) => {
-                                tracing::warn!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, reason, "record rejected by the handler; settled");
-                                settled.push(ticket);
-                            }
-                            Outcome::Retry(reason) => {
-                                tracing::info!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, reason, "handler asked to retry");
-                                retry_records.push((record, attempt.saturating_add(1)));
-                                retry_tickets.push(ticket);
+        let mut args: Vec<(Arc<Record>, u32)> = Vec::new();
+        while let Some(mut group) = groups.pop_front() {
+            while !group.is_empty() {
+                let Some(handler) = self.handler(&mut backoff, hard_stop).await else {
+                    return false;
+                };
+                args.clear();
+                args.extend(group.iter().map(|i| (i.record.clone(), i.attempt)));
+                let result = tokio::select! {
+                    _ = hard_stop.cancelled() => return false,
+                    r = handler.handle_batch(&args) => r,
+                };
+                match result {
+                    Ok(outcomes) => {
+                        let mut settled = Vec::with_capacity(outcomes.len());
+                        let mut again = Vec::new();
+                        for (item, outcome) in group.drain(..).zip(outcomes) {
+                            match outcome {
+                                Outcome::Ack => settled.push(item.ticket),
+                                Outcome::Reject(reason) => {
+                                    let next = failure::after_reject(&self.subscription.failure);
+                                    if !self
+                                        .give_up(
+                                            &item.record,
+                                            item.ticket,
+                                            next,
+                                            &format!("rejected: {reason}"),
+                                            item.attempt,
+                                            hard_stop,
+                                        )
+                                        .await
+                                    {
+                                        return false;
+                                    }
+                                }
+                                Outcome::Retry(reason) => {
+                                    tracing::info!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %item.record.shard, sequence_number = %item.record.sequence, attempt = item.attempt, reason, "handler asked to retry");
+                                    match self
+                                        .after_item_failure(
+                                            item,
+                                            &format!("retry: {reason}"),
+                                            hard_stop,
+                                        )
+                                        .await
+                                    {
+                                        Ok(Some(item)) => again.push(item),
+                                        Ok(None) => {}
+                                        Err(Stopped) => return false,
+                                    }
+                                }
                             }
                         }
+                        if !settled.is_empty() {
+                            self.settle(SettlementMsg::SettleMany(settled)).await;
+                        }
+                        group = again;
                     }
-                    if !settled.is_empty() {
-                        self.settle(SettlementMsg::SettleMany(settled)).await;
+                    Err(e) => {
+                        let reason =
+                            self.failed_call(&e, &group[0].record, group[0].attempt, group.len());
+                        if self.subscription.failure.bisect_on_error && group.len() > 1 {
+                            // Halves are handled in turn, first half first,
+                            // each as a batch of its own; their records'
+                            // attempts count on. A single record left alone
+                            // falls to the failure policy.
+                            let mut second = group.split_off(group.len() / 2);
+                            let mut first = std::mem::take(&mut group);
+                            for item in first.iter_mut().chain(second.iter_mut()) {
+                                item.attempt = item.attempt.saturating_add(1);
+                            }
+                            tracing::info!(subscription = %self.subscription.name, lane = self.id.0, halves = ?(first.len(), second.len()), "bisecting the failed batch");
+                            groups.push_front(second);
+                            groups.push_front(first);
+                            if !sleep(backoff.next_wait(), hard_stop).await {
+                                return false;
+                            }
+                            continue;
+                        }
+                        let mut again = Vec::with_capacity(group.len());
+                        for item in group.drain(..) {
+                            match self.after_item_failure(item, &reason, hard_stop).await {
+                                Ok(Some(item)) => again.push(item),
+                                Ok(None) => {}
+                                Err(Stopped) => return false,
+                            }
+                        }
+                        group = again;
                     }
-                    pending = retry_records;
-                    tickets = retry_tickets;
                 }
-                Err(e) => {
-                    if let Verdict::Recycle = self.failed(&e, &pending[0].0, pending[0].1) {
-                        self.handler = None;
-                    }
-                    for (_, attempt) in &mut pending {
-                        *attempt = attempt.saturating_add(1);
-                    }
+                if !group.is_empty() && !sleep(backoff.next_wait(), hard_stop).await {
+                    return false;
                 }
-            }
-            if !pending.is_empty() && !sleep(backoff.next_wait(), hard_stop).await {
-                return false;
             }
         }
         true
+    }
+}
+
+impl<F: HandlerFactory> Lane<F> {
+    /// After a failed attempt of one batch item: the item to try again (its
+    /// attempt bumped), or `None` when it was given up on and settled.
+    async fn after_item_failure(
+        &mut self,
+        mut item: Item,
+        reason: &str,
+        stop: &CancellationToken,
+    ) -> Result<Option<Item>, Stopped> {
+        match failure::after_failure(
+            &self.subscription.failure,
+            item.attempt,
+            failure::age(&item.record),
+        ) {
+            Next::Retry => {}
+            Next::Blocked => self.log_blocked(&item.record, item.attempt, reason),
+            next => {
+                let Item {
+                    record,
+                    ticket,
+                    attempt,
+                } = item;
+                return if self
+                    .give_up(&record, ticket, next, reason, attempt, stop)
+                    .await
+                {
+                    Ok(None)
+                } else {
+                    Err(Stopped)
+                };
+            }
+        }
+        item.attempt = item.attempt.saturating_add(1);
+        Ok(Some(item))
     }
 
     async fn settle(&mut self, msg: SettlementMsg) {

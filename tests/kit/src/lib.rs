@@ -273,6 +273,44 @@ impl Kinesis {
     }
 }
 
+impl Kinesis {
+    /// Every record in a stream, all shards from their start: (partition
+    /// key, data).
+    ///
+    /// # Errors
+    /// When a call fails.
+    pub async fn read_all(&self, stream: &str) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let client = self.client();
+        let shards = client.list_shards().stream_name(stream).send().await?;
+        let mut out = Vec::new();
+        for shard in shards.shards() {
+            let mut iterator = client
+                .get_shard_iterator()
+                .stream_name(stream)
+                .shard_id(shard.shard_id())
+                .shard_iterator_type(aws_sdk_kinesis::types::ShardIteratorType::TrimHorizon)
+                .send()
+                .await?
+                .shard_iterator()
+                .map(str::to_owned);
+            while let Some(it) = iterator.take() {
+                let page = client.get_records().shard_iterator(it).send().await?;
+                for r in page.records() {
+                    out.push((
+                        r.partition_key().unwrap_or_default().to_owned(),
+                        r.data().as_ref().to_vec(),
+                    ));
+                }
+                if page.records().is_empty() {
+                    break;
+                }
+                iterator = page.next_shard_iterator().map(str::to_owned);
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl Drop for Kinesis {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -402,6 +440,10 @@ pub mod guests {
         pub noop: PathBuf,
         /// `tests/guests/noop-batch`: acks whole batches (benchmarks).
         pub noop_batch: PathBuf,
+        /// `tests/guests/chaos`: misbehaves as each record asks.
+        pub chaos: PathBuf,
+        /// `tests/guests/bad-batch`: poison records and short answers.
+        pub bad_batch: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -462,6 +504,8 @@ pub mod guests {
             batch: out.join("batch.wasm"),
             noop: out.join("noop.wasm"),
             noop_batch: out.join("noop_batch.wasm"),
+            chaos: out.join("chaos.wasm"),
+            bad_batch: out.join("bad_batch.wasm"),
         })
     }
 }
