@@ -258,5 +258,47 @@ fn main() -> anyhow::Result<()> {
             rate(wasm) / rate(native)
         );
     }
+    recycle_cost(&runtime, &host, &guests)?;
     Ok(())
+}
+
+/// What a trap costs the lane: the failed call, dropping the instance and
+/// making a fresh one from the pre-instantiated component.
+fn recycle_cost(
+    runtime: &tokio::runtime::Runtime,
+    host: &PluginHost,
+    guests: &shardlane_testkit::guests::Guests,
+) -> anyhow::Result<()> {
+    const ROUNDS: u32 = 2_000;
+    let timeout = Duration::from_secs(30);
+    let noop = host.load(&guests.noop, "bench".into(), timeout, sandbox())?;
+    let chaos = host.load(&guests.chaos, "bench".into(), timeout, sandbox())?;
+    let base = records(1).remove(0);
+    let trap = Arc::new(Record {
+        stream: base.stream.clone(),
+        shard: base.shard.clone(),
+        partition_key: base.partition_key.clone(),
+        sequence: base.sequence.clone(),
+        arrival_ms: base.arrival_ms,
+        data: b"trap".to_vec(),
+    });
+    runtime.block_on(async {
+        let started = Instant::now();
+        for lane in 0..ROUNDS {
+            drop(noop.instantiate(LaneId(lane)).await?);
+        }
+        let instantiate = started.elapsed() / ROUNDS;
+        let mut instance = chaos.instantiate(LaneId(0)).await?;
+        let started = Instant::now();
+        for lane in 0..ROUNDS {
+            let failed = instance.handle(&trap, 1).await;
+            anyhow::ensure!(failed.is_err(), "the chaos guest traps on `trap`");
+            instance = chaos.instantiate(LaneId(lane)).await?;
+        }
+        let recycle = started.elapsed() / ROUNDS;
+        println!();
+        println!("instance from the pre-instantiated component (noop guest): {instantiate:?}");
+        println!("trap + drop + fresh instance (chaos guest, a panic): {recycle:?}");
+        Ok(())
+    })
 }

@@ -69,6 +69,11 @@ fn refuses_bad_inputs_with_one_line_each() {
         "exports neither `handle` (world record-handler) nor `handle-batch` (world batch-handler)",
     );
 
+    assert_refused(
+        &guests.importer,
+        "imports `test:importer/extra`, which the host does not provide",
+    );
+
     // A component header with garbage after it.
     let broken = dir.path().join("broken.wasm");
     std::fs::write(&broken, b"\0asm\x0d\0\x01\0\xff\xff\xff").unwrap();

@@ -97,3 +97,93 @@ fn plugin_world_must_fit_the_batch_config() {
     );
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
 }
+
+/// Runs the host against a live emulator with `extra` in its one
+/// subscription; returns (success, stderr).
+async fn start_against(kinesis_endpoint: &str, stream: &str, extra: &str) -> (bool, String) {
+    let guests = shardlane_testkit::guests::build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shardlane.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[lease]\nstore = \"memory\"\n[[subscription]]\nname = \"a\"\nstream = \"{stream}\"\nplugin = \"{}\"\n{extra}\n",
+            guests.echo.display()
+        ),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(shardlane_bin())
+        .args(["run", "--config"])
+        .arg(&path)
+        .env("AWS_ENDPOINT_URL_KINESIS", kinesis_endpoint)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .await
+        .expect("run shardlane");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streams_that_do_not_exist_stop_start_up() {
+    let kinesis = shardlane_testkit::Kinesis::start().await.unwrap();
+    let (ok, stderr) = start_against(kinesis.endpoint(), "no-such-stream", "").await;
+    assert!(!ok);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+    assert!(
+        stderr.contains("subscription[0] (a): stream \"no-such-stream\" does not exist"),
+        "{stderr}"
+    );
+
+    let stream = shardlane_testkit::unique_name("exists");
+    kinesis.create_stream(&stream, 1).await.unwrap();
+    let (ok, stderr) = start_against(
+        kinesis.endpoint(),
+        &stream,
+        "on_failure = \"dead_letter\"\ndead_letter_stream = \"no-such-dlq\"",
+    )
+    .await;
+    assert!(!ok);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+    assert!(
+        stderr.contains("dead_letter_stream \"no-such-dlq\" does not exist"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_endpoint_is_retried_then_named() {
+    // Nothing listens on a port just freed.
+    let endpoint = format!("http://127.0.0.1:{}", shardlane_testkit::free_port());
+    let started = std::time::Instant::now();
+    let (ok, stderr) = start_against(&endpoint, "orders", "").await;
+    assert!(!ok);
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(25),
+        "retried for a while first"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+    assert!(
+        stderr.contains("cannot reach Kinesis to check stream \"orders\""),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_import_the_host_does_not_provide_stops_start_up_naming_it() {
+    let guests = shardlane_testkit::guests::build().unwrap();
+    let (ok, stderr) = run_with(&format!(
+        "[[subscription]]\nname = \"i\"\nstream = \"s\"\nplugin = \"{}\"\n",
+        guests.importer.display()
+    ));
+    assert!(!ok);
+    assert!(
+        stderr.contains("imports `test:importer/extra`, which the host does not provide"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+}

@@ -444,6 +444,8 @@ pub mod guests {
         pub chaos: PathBuf,
         /// `tests/guests/bad-batch`: poison records and short answers.
         pub bad_batch: PathBuf,
+        /// `tests/guests/importer`: imports what no host provides.
+        pub importer: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -506,6 +508,7 @@ pub mod guests {
             noop_batch: out.join("noop_batch.wasm"),
             chaos: out.join("chaos.wasm"),
             bad_batch: out.join("bad_batch.wasm"),
+            importer: out.join("importer.wasm"),
         })
     }
 }
