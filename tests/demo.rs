@@ -47,6 +47,9 @@ async fn main() -> anyhow::Result<()> {
             r#"[aws]
 region = "us-east-1"
 
+[admin]
+listen = "127.0.0.1:0"
+
 [lease]
 store = "memory"
 

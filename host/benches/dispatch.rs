@@ -134,8 +134,14 @@ async fn run<F: HandlerFactory>(
         Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx).run(settle_rx),
     );
     let dispatcher = tokio::spawn(
-        Dispatcher::new(sub.clone(), factory, settle_tx.clone(), None)
-            .run(deliveries_rx, CancellationToken::new()),
+        Dispatcher::new(
+            sub.clone(),
+            factory,
+            settle_tx.clone(),
+            None,
+            shardlane::telemetry::Telemetry::new(),
+        )
+        .run(deliveries_rx, CancellationToken::new()),
     );
     // Per shard: its records in order.
     let mut per_shard: Vec<Vec<Arc<Record>>> = vec![Vec::new(); SHARDS];

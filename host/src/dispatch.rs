@@ -65,7 +65,24 @@ use crate::failure::DeadLetters;
 use crate::ids::LaneId;
 use crate::plugin::{CallError, Instance, Outcome, Plugin, PluginError};
 use crate::settlement::SettlementSender;
-use lane::Lane;
+use crate::telemetry::{SubscriptionStatus, Telemetry};
+use lane::{Lane, LaneMetrics};
+
+/// How a subscription dispatches, as the status page shows it.
+pub fn mode_label(sub: &SubscriptionConfig) -> String {
+    let mode = match sub.dispatch {
+        DispatchMode::Sequential => "sequential".to_owned(),
+        DispatchMode::Workers(n) => format!("workers = {n}"),
+        DispatchMode::ByKey(n) => format!("workers = {n}, by_key"),
+    };
+    match sub.batch {
+        Some(b) => format!(
+            "{mode}, batch_size = {}, batch_window = {:?}",
+            b.size, b.window
+        ),
+        None => mode,
+    }
+}
 
 /// Deliveries a by_key lane's inbox holds before the router waits for it
 /// (see "Head-of-line behaviour"). Enough to keep a lane busy while the
@@ -98,6 +115,13 @@ pub trait HandlerFactory: Send + Sync + 'static {
         &self,
         lane: LaneId,
     ) -> impl Future<Output = Result<Self::Handler, PluginError>> + Send;
+
+    /// Which plugin version `create` makes now; a lane whose instance is of
+    /// an older generation drops it at its next record or batch boundary
+    /// (hot-swap). Constant for a factory that never changes.
+    fn generation(&self) -> u64 {
+        0
+    }
 }
 
 impl Handler for Instance {
@@ -131,6 +155,8 @@ pub struct Dispatcher<F> {
     factory: Arc<F>,
     settlement: SettlementSender,
     dead_letters: Option<DeadLetters>,
+    telemetry: Arc<Telemetry>,
+    status: Arc<SubscriptionStatus>,
 }
 
 impl<F: HandlerFactory> Dispatcher<F> {
@@ -142,12 +168,16 @@ impl<F: HandlerFactory> Dispatcher<F> {
         factory: Arc<F>,
         settlement: SettlementSender,
         dead_letters: Option<DeadLetters>,
+        telemetry: Arc<Telemetry>,
     ) -> Self {
+        let status = telemetry.subscription(subscription.name.as_str(), mode_label(&subscription));
         Self {
             subscription,
             factory,
             settlement,
             dead_letters,
+            telemetry,
+            status,
         }
     }
 
@@ -158,6 +188,12 @@ impl<F: HandlerFactory> Dispatcher<F> {
             self.factory.clone(),
             self.settlement.clone(),
             self.dead_letters.clone(),
+            LaneMetrics::new(
+                &self.telemetry,
+                &self.status,
+                self.subscription.name.as_str(),
+                id as u32,
+            ),
         )
     }
 

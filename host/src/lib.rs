@@ -19,6 +19,11 @@
 //!   (the pure [`settlement::watermark`] inside).
 //! - [`plugin`]: the wasmtime embedding: engine, components, instances, the
 //!   `log` host function, WASI granting nothing.
+//! - [`swap`]: the plugin slot lanes instantiate from, replaced while the
+//!   service runs (file watch, admin API).
+//! - [`ops`]: the operations HTTP server: `/healthz`, `/readyz`,
+//!   `/metrics`, the status page, and the admin API; [`telemetry`] holds
+//!   what it serves.
 //! - [`supervisor`]: wires the stages of every subscription, owns every
 //!   task, and runs the ordered shutdown.
 //!
@@ -35,7 +40,10 @@ pub mod ids;
 pub mod kinesis;
 pub mod lease;
 pub mod logging;
+pub mod ops;
 pub mod plugin;
 pub mod reader;
 pub mod settlement;
 pub mod supervisor;
+pub mod swap;
+pub mod telemetry;

@@ -32,6 +32,12 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         log_format: Format,
     },
+    /// Check a config file and every plugin it names, without starting.
+    Validate {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Validate a plugin component: print its world and imports.
     Check {
         /// The plugin's .wasm file.
@@ -50,6 +56,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { config, log_format } => run(config, log_format),
         Command::Check { plugin } => check(plugin),
+        Command::Validate { config } => validate(config),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -73,6 +80,24 @@ fn check(path: PathBuf) -> anyhow::Result<()> {
     println!("imports:");
     for import in &info.imports {
         println!("  {import}");
+    }
+    Ok(())
+}
+
+fn validate(config_path: PathBuf) -> anyhow::Result<()> {
+    let config = Config::load(&config_path)?;
+    let (_, loaded) = shardlane::supervisor::load_plugins(&config)?;
+    println!("{}: ok", config_path.display());
+    for (sub, plugin) in loaded {
+        println!(
+            "subscription {}: stream {}, plugin {} ({}, {}), {}",
+            sub.name,
+            sub.stream,
+            sub.plugin.display(),
+            plugin.world(),
+            plugin.digest(),
+            shardlane::dispatch::mode_label(&sub)
+        );
     }
     Ok(())
 }

@@ -87,7 +87,8 @@ impl fmt::Display for World {
 pub struct PluginDigest(Arc<str>);
 
 impl PluginDigest {
-    fn of(bytes: &[u8]) -> Self {
+    /// The digest of a component's bytes.
+    pub fn of(bytes: &[u8]) -> Self {
         let hash = Sha256::digest(bytes);
         let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
         Self(format!("sha256:{hex}").into())
@@ -436,6 +437,14 @@ impl PluginHost {
             path: path.to_owned(),
             reason,
         })?;
+        self.compile_bytes(path, &bytes)
+    }
+
+    fn compile_bytes(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+    ) -> Result<(Component, PluginDigest), PluginError> {
         if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
             return Err(PluginError::NotWasm {
                 path: path.to_owned(),
@@ -448,10 +457,10 @@ impl PluginHost {
                 path: path.to_owned(),
             });
         }
-        let digest = PluginDigest::of(&bytes);
+        let digest = PluginDigest::of(bytes);
         let started = Instant::now();
         let component =
-            Component::from_binary(&self.engine, &bytes).map_err(|e| PluginError::Compile {
+            Component::from_binary(&self.engine, bytes).map_err(|e| PluginError::Compile {
                 path: path.to_owned(),
                 reason: one_line(&e),
             })?;
@@ -552,6 +561,49 @@ impl PluginHost {
         sandbox: SandboxConfig,
     ) -> Result<Plugin, PluginError> {
         let (component, digest) = self.compile(path)?;
+        self.finish_load(
+            path,
+            component,
+            digest,
+            subscription,
+            handler_timeout,
+            sandbox,
+        )
+    }
+
+    /// [`PluginHost::load`] from bytes in hand (a new version arriving
+    /// through the admin API or a changed file); `path` names it.
+    ///
+    /// # Errors
+    /// As [`PluginHost::load`].
+    pub fn load_bytes(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        subscription: SubscriptionName,
+        handler_timeout: Duration,
+        sandbox: SandboxConfig,
+    ) -> Result<Plugin, PluginError> {
+        let (component, digest) = self.compile_bytes(path, bytes)?;
+        self.finish_load(
+            path,
+            component,
+            digest,
+            subscription,
+            handler_timeout,
+            sandbox,
+        )
+    }
+
+    fn finish_load(
+        &self,
+        path: &Path,
+        component: Component,
+        digest: PluginDigest,
+        subscription: SubscriptionName,
+        handler_timeout: Duration,
+        sandbox: SandboxConfig,
+    ) -> Result<Plugin, PluginError> {
         let world = self.world_of(path, &component)?;
         let pre = self.pre(path, &component, world)?;
         Ok(Plugin {
@@ -624,6 +676,11 @@ impl Plugin {
     /// Its file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The subscription it serves.
+    pub fn subscription(&self) -> &SubscriptionName {
+        &self.subscription
     }
 
     /// A fresh instance in its own store.

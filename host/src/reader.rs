@@ -30,6 +30,7 @@ use crate::channel::{Delivery, DeliverySender, Record};
 use crate::config::{StartPosition, SubscriptionConfig};
 use crate::ids::{PartitionKey, SequenceNumber, ShardId};
 use crate::settlement::{Checkpoint, SessionId, SettlementMsg, SettlementSender, Ticket};
+use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry};
 
 /// First wait after a throttled or failed call.
 const ERROR_BACKOFF_INITIAL: Duration = Duration::from_millis(200);
@@ -47,6 +48,10 @@ pub struct ReaderContext {
     pub deliveries: DeliverySender,
     /// The settlement task.
     pub settlement: SettlementSender,
+    /// Metrics.
+    pub telemetry: Arc<Telemetry>,
+    /// The subscription's status (shard states).
+    pub status: Arc<SubscriptionStatus>,
 }
 
 /// How a reader ended.
@@ -109,7 +114,25 @@ impl ShardReader {
     /// settlement how far it got, so the shard's final checkpoint follows
     /// once what it handed out has settled.
     pub async fn run(mut self) -> ReaderExit {
+        self.ctx
+            .status
+            .shard(self.shard.as_str(), |s| s.state = "opening".into());
         let exit = self.read().await;
+        let state = match exit {
+            ReaderExit::Cancelled => "stopped",
+            ReaderExit::ShardEnd => "ended",
+        };
+        self.ctx.status.shard(self.shard.as_str(), |s| {
+            s.state = state.into();
+            s.behind_ms = None;
+        });
+        self.ctx.telemetry.forget_series(
+            "shardlane_millis_behind_latest",
+            &[
+                ("subscription", self.ctx.subscription.name.as_str()),
+                ("shard_id", self.shard.as_str()),
+            ],
+        );
         if exit == ReaderExit::Cancelled {
             let close = SettlementMsg::Close {
                 shard: self.shard.clone(),
@@ -133,6 +156,14 @@ impl ShardReader {
         }
         let mut backoff = Backoff::new(ERROR_BACKOFF_INITIAL, ERROR_BACKOFF_MAX);
         let mut iterator: Option<String> = None;
+        let behind_gauge: Gauge = self.ctx.telemetry.gauge(
+            "shardlane_millis_behind_latest",
+            "How far behind the shard's tip the last GetRecords was, in milliseconds.",
+            &[
+                ("subscription", self.ctx.subscription.name.as_str()),
+                ("shard_id", self.shard.as_str()),
+            ],
+        );
         loop {
             if self.cancel.is_cancelled() {
                 return ReaderExit::Cancelled;
@@ -143,6 +174,9 @@ impl ShardReader {
                     Ok(it) => {
                         backoff.reset();
                         tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, position = ?self.position, "shard iterator opened");
+                        self.ctx
+                            .status
+                            .shard(self.shard.as_str(), |s| s.state = "reading".into());
                         it
                     }
                     Err(e) => {
@@ -161,6 +195,13 @@ impl ShardReader {
             match response {
                 Ok(output) => {
                     backoff.reset();
+                    if let Some(behind) = output.millis_behind_latest() {
+                        let behind = u64::try_from(behind).unwrap_or(0);
+                        behind_gauge.set(behind);
+                        self.ctx
+                            .status
+                            .shard(self.shard.as_str(), |s| s.behind_ms = Some(behind));
+                    }
                     let records = output.records();
                     let count = records.len();
                     if count > 0 && !self.hand_out(records).await {

@@ -128,6 +128,7 @@ pub struct Settlement {
     /// Records read but not settled, over all shards, now and at most.
     unsettled: usize,
     max_unsettled: usize,
+    unsettled_gauge: Option<crate::telemetry::Gauge>,
 }
 
 impl Settlement {
@@ -144,7 +145,18 @@ impl Settlement {
             checkpoints,
             unsettled: 0,
             max_unsettled: 0,
+            unsettled_gauge: None,
         }
+    }
+
+    /// Publishes the read-but-not-settled figure as a gauge.
+    pub fn with_telemetry(mut self, telemetry: &crate::telemetry::Telemetry) -> Self {
+        self.unsettled_gauge = Some(telemetry.gauge(
+            "shardlane_records_unsettled",
+            "Records read from Kinesis and not yet settled.",
+            &[("subscription", self.subscription.as_str())],
+        ));
+        self
     }
 
     /// Runs until every sender of `inbox` is gone (readers stopped, dispatch
@@ -162,7 +174,12 @@ impl Settlement {
                     Some(msg) => self.apply(msg).await,
                     None => break,
                 },
-                _ = ticker.tick() => self.flush(false).await,
+                _ = ticker.tick() => {
+                    if let Some(gauge) = &self.unsettled_gauge {
+                        gauge.set(self.unsettled as u64);
+                    }
+                    self.flush(false).await;
+                }
             }
         }
         self.flush(true).await;

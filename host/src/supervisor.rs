@@ -24,6 +24,7 @@
 //! 5. the keeper writes those checkpoints and releases every lease, so
 //!    another instance can take over at once.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -33,8 +34,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::channel;
-use crate::config::{Config, LeaseBackend, OnFailure, defaults};
+use crate::config::{Config, LeaseBackend, OnFailure, SubscriptionConfig, defaults};
 use crate::dispatch::Dispatcher;
+use crate::dispatch::mode_label;
 use crate::failure::DeadLetters;
 use crate::ids::OwnerId;
 use crate::ids::StreamName;
@@ -44,9 +46,12 @@ use crate::lease::dynamodb::DynamoDbLeaseStore;
 use crate::lease::file::FileLeaseStore;
 use crate::lease::keeper::{CHECKPOINT_QUEUE, Keeper};
 use crate::lease::memory::MemoryLeaseStore;
-use crate::plugin::{PluginHost, World};
+use crate::ops::{self, OpsState};
+use crate::plugin::{Plugin, PluginHost, World};
 use crate::reader::ReaderContext;
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
+use crate::swap::PluginSlot;
+use crate::telemetry::Telemetry;
 
 /// A unique owner id for this process: hostname, pid and a random suffix
 /// (pids repeat across restarts and containers).
@@ -69,15 +74,21 @@ struct Running {
     keeper: JoinHandle<()>,
     dispatcher: JoinHandle<()>,
     settlement: JoinHandle<()>,
+    watcher: JoinHandle<()>,
 }
 
-/// Runs every subscription of `config` until `shutdown` completes, then
-/// shuts down in order (module docs).
+/// A subscription's config with its compiled, checked plugin.
+pub type LoadedSubscription = (Arc<SubscriptionConfig>, Plugin);
+
+/// Compiles and checks every subscription's plugin against its config,
+/// without reading anything: what `shardlane validate` runs, and the first
+/// step of [`run`].
 ///
 /// # Errors
-/// When start-up fails: a plugin that cannot be used, a stream that does not
-/// exist, a subscription whose plugin world does not fit its config.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+/// One line naming the subscription, the plugin and the reason.
+pub fn load_plugins(
+    config: &Config,
+) -> anyhow::Result<(PluginHost, Vec<LoadedSubscription>)> {
     let max_memory = config
         .subscriptions
         .iter()
@@ -117,9 +128,20 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             subscription = %sub.name, plugin = %sub.plugin.display(), digest = %plugin.digest(),
             world = %plugin.world(), mode = ?sub.dispatch, batch = ?sub.batch, "plugin loaded"
         );
-        loaded.push((Arc::new(sub.clone()), Arc::new(plugin)));
+        loaded.push((Arc::new(sub.clone()), plugin));
     }
+    Ok((plugins, loaded))
+}
 
+/// Runs every subscription of `config` until `shutdown` completes, then
+/// shuts down in order (module docs).
+///
+/// # Errors
+/// When start-up fails: a plugin that cannot be used, a stream that does not
+/// exist, a subscription whose plugin world does not fit its config, an
+/// admin address that cannot be bound.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let (plugins, loaded) = load_plugins(&config)?;
     let client = kinesis::client(&config.aws).await;
     for (i, (sub, _)) in loaded.iter().enumerate() {
         let context = || format!("subscription[{i}] ({})", sub.name);
@@ -157,6 +179,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         .unwrap_or_else(default_owner_id);
     tracing::info!(owner = %owner, subscriptions = loaded.len(), "shardlane running");
 
+    let telemetry = Telemetry::new();
+    let ops_stop = CancellationToken::new();
+    let mut slots = BTreeMap::new();
     let mut running = Vec::new();
     for (sub, plugin) in loaded {
         let (deliveries_tx, deliveries_rx) = channel::channel();
@@ -164,8 +189,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         let (checkpoint_tx, checkpoint_rx) = mpsc::channel(CHECKPOINT_QUEUE);
         let keeper_stop = CancellationToken::new();
         let hard_stop = CancellationToken::new();
+        let status = telemetry.subscription(sub.name.as_str(), mode_label(&sub));
 
-        let settlement = Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx);
+        let settlement = Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx)
+            .with_telemetry(&telemetry);
         let dead_letters = match &sub.failure.on_failure {
             OnFailure::DeadLetter(stream) => Some(DeadLetters::new(
                 client.clone(),
@@ -175,7 +202,29 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             )),
             _ => None,
         };
-        let dispatcher = Dispatcher::new(sub.clone(), plugin, settle_tx.clone(), dead_letters);
+        let slot = Arc::new(PluginSlot::new(
+            plugins.clone(),
+            plugin,
+            sub.handler_timeout,
+            sub.sandbox.clone(),
+            status.clone(),
+            telemetry.clone(),
+        ));
+        slots.insert(sub.name.to_string(), slot.clone());
+        let fill = telemetry.gauge(
+            "shardlane_channel_fill",
+            "Deliveries waiting in the subscription channel (capacity 64).",
+            &[("subscription", sub.name.as_str())],
+        );
+        let watched = deliveries_rx.clone();
+        telemetry.on_render(move || fill.set(watched.len() as u64));
+        let dispatcher = Dispatcher::new(
+            sub.clone(),
+            slot.clone(),
+            settle_tx.clone(),
+            dead_letters,
+            telemetry.clone(),
+        );
         let keeper = Keeper::new(
             sub.clone(),
             config.lease.clone(),
@@ -186,6 +235,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
                 subscription: sub.clone(),
                 deliveries: deliveries_tx,
                 settlement: settle_tx,
+                telemetry: telemetry.clone(),
+                status,
             },
         );
         running.push(Running {
@@ -194,10 +245,26 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             settlement: tokio::spawn(settlement.run(settle_rx)),
             dispatcher: tokio::spawn(dispatcher.run(deliveries_rx, hard_stop.clone())),
             keeper: tokio::spawn(keeper.run(checkpoint_rx, keeper_stop.clone())),
+            watcher: tokio::spawn(slot.watch(ops_stop.clone())),
             keeper_stop,
             hard_stop,
         });
     }
+    let ops = match config.admin.listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("admin.listen: cannot listen on {addr}"))?;
+            tracing::info!(addr = %listener.local_addr()?, writes = config.admin.token.is_some(), "admin listening: /healthz /readyz /metrics / (status page)");
+            let state = Arc::new(OpsState {
+                telemetry: telemetry.clone(),
+                slots,
+                token: config.admin.token.clone(),
+            });
+            Some(tokio::spawn(ops::serve(listener, state, ops_stop.clone())))
+        }
+        None => None,
+    };
 
     shutdown.await;
     tracing::info!("shutting down: stopping readers, draining in-flight records");
@@ -213,7 +280,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         });
     }
     let mut failed = false;
+    let mut running_watchers = Vec::new();
     for sub in running {
+        running_watchers.push(sub.watcher);
         for (stage, task) in [
             ("dispatch", sub.dispatcher),
             ("settlement", sub.settlement),
@@ -224,6 +293,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
                 tracing::error!(subscription = %sub.name, stage, error = %e, "task failed");
             }
         }
+    }
+    ops_stop.cancel();
+    for sub in running_watchers {
+        let _ = sub.await;
+    }
+    if let Some(ops) = ops {
+        let _ = ops.await;
     }
     tracing::info!("shardlane stopped");
     anyhow::ensure!(!failed, "a pipeline task failed during the run");

@@ -131,11 +131,13 @@ async fn mixed_outcomes_settle_record_by_record() {
             "item data=retry-5 attempt=2",
         ]
     );
-    let rejected = lines
+    // A reject under the default policy (block) is skipped at once.
+    let rejected: Vec<_> = lines
         .iter()
-        .filter(|l| field(l, "message") == "record rejected by the handler; settled")
-        .count();
-    assert_eq!(rejected, 1);
+        .filter(|l| field(l, "message") == "record skipped")
+        .collect();
+    assert_eq!(rejected.len(), 1);
+    assert!(field(rejected[0], "reason").starts_with("rejected: "));
 }
 
 #[tokio::test(flavor = "multi_thread")]

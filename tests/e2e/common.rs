@@ -11,12 +11,21 @@ pub fn shardlane_bin() -> &'static Path {
 }
 
 /// A one-subscription config for `stream`, with extra lines appended to the
-/// subscription block.
+/// subscription block. Tests count guest log lines, so the log rate limit
+/// is lifted unless `extra` sets one.
 pub fn config(name: &str, stream: &str, plugin: &Path, extra: &str) -> String {
+    let log_rate = if extra.contains("log_rate") {
+        ""
+    } else {
+        "log_rate = 1000000"
+    };
     format!(
         r#"
 [aws]
 region = "us-east-1"
+
+[admin]
+listen = "127.0.0.1:0"
 
 [lease]
 store = "memory"
@@ -28,6 +37,7 @@ stream = "{stream}"
 plugin = "{plugin}"
 poll_idle = "50ms"
 checkpoint_every = "200ms"
+{log_rate}
 {extra}
 "#,
         plugin = plugin.display()

@@ -107,7 +107,7 @@ async fn start_against(kinesis_endpoint: &str, stream: &str, extra: &str) -> (bo
     std::fs::write(
         &path,
         format!(
-            "[lease]\nstore = \"memory\"\n[[subscription]]\nname = \"a\"\nstream = \"{stream}\"\nplugin = \"{}\"\n{extra}\n",
+            "[admin]\nlisten = \"127.0.0.1:0\"\n[lease]\nstore = \"memory\"\n[[subscription]]\nname = \"a\"\nstream = \"{stream}\"\nplugin = \"{}\"\n{extra}\n",
             guests.echo.display()
         ),
     )

@@ -86,6 +86,9 @@ fn fleet_config(owner: &str, table: &str, stream: &str, plugin: &Path, extra: &s
 [aws]
 region = "us-east-1"
 
+[admin]
+listen = "127.0.0.1:0"
+
 [lease]
 store = "dynamodb"
 table = "{table}"
@@ -102,6 +105,7 @@ plugin = "{plugin}"
 start = "trim_horizon"
 poll_idle = "50ms"
 checkpoint_every = "200ms"
+log_rate = 1000000
 {extra}
 "#,
         plugin = plugin.display()
@@ -255,6 +259,9 @@ async fn file_store_resumes_after_kill_9() {
     let state = tempfile::tempdir().unwrap();
     let cfg = format!(
         r#"
+[admin]
+listen = "127.0.0.1:0"
+
 [lease]
 store = "file"
 path = "{}"
@@ -266,6 +273,7 @@ plugin = "{}"
 start = "trim_horizon"
 poll_idle = "50ms"
 checkpoint_every = "100ms"
+log_rate = 1000000
 "#,
         state.path().display(),
         guests.slow.display()
@@ -572,6 +580,9 @@ async fn resharding_keeps_every_keys_order_across_parents_and_children() {
     let state = tempfile::tempdir().unwrap();
     let cfg = format!(
         r#"
+[admin]
+listen = "127.0.0.1:0"
+
 [lease]
 store = "file"
 path = "{}"
@@ -586,6 +597,7 @@ poll_idle = "50ms"
 checkpoint_every = "200ms"
 workers = 4
 by_key = true
+log_rate = 1000000
 "#,
         state.path().display(),
         guests.retry.display()

@@ -18,6 +18,98 @@ use crate::failure::{self, DeadLetters, Next};
 use crate::ids::LaneId;
 use crate::plugin::{CallError, Outcome};
 use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
+use crate::telemetry::{
+    BATCH_BUCKETS, Counter, DURATION_BUCKETS, Histogram, SubscriptionStatus, Telemetry,
+};
+
+/// A lane's metric handles, registered once.
+pub(super) struct LaneMetrics {
+    acked: Counter,
+    rejected: Counter,
+    retried: Counter,
+    dead_lettered: Counter,
+    skipped: Counter,
+    blocked: Counter,
+    traps: Counter,
+    timeouts: Counter,
+    guest_errors: Counter,
+    recycles: Counter,
+    calls: Counter,
+    duration: Histogram,
+    batch_size: Histogram,
+}
+
+impl LaneMetrics {
+    pub(super) fn new(t: &Telemetry, status: &SubscriptionStatus, sub: &str, lane: u32) -> Self {
+        let outcome = |o: &str| {
+            t.counter(
+                "shardlane_records_total",
+                "Records handled, by the handler's outcome (retry counts each attempt).",
+                &[("subscription", sub), ("outcome", o)],
+            )
+        };
+        let failure = |k: &str| {
+            t.counter(
+                "shardlane_call_failures_total",
+                "Handler calls that failed without an outcome, by kind.",
+                &[("subscription", sub), ("kind", k)],
+            )
+        };
+        let lane_label = lane.to_string();
+        // One counter serves /metrics and the status page's lane load.
+        let calls = t.counter(
+            "shardlane_lane_calls_total",
+            "Handler calls per lane.",
+            &[("subscription", sub), ("lane", &lane_label)],
+        );
+        status
+            .lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(lane, calls.clone());
+        Self {
+            acked: outcome("ack"),
+            rejected: outcome("reject"),
+            retried: outcome("retry"),
+            dead_lettered: t.counter(
+                "shardlane_dead_lettered_total",
+                "Records put to the dead-letter stream.",
+                &[("subscription", sub)],
+            ),
+            skipped: t.counter(
+                "shardlane_records_skipped_total",
+                "Records given up on and skipped.",
+                &[("subscription", sub)],
+            ),
+            blocked: t.counter(
+                "shardlane_records_blocked_total",
+                "Attempts of records past their attempts or age that on_failure = block keeps retrying.",
+                &[("subscription", sub)],
+            ),
+            traps: failure("trap"),
+            timeouts: failure("timeout"),
+            guest_errors: failure("guest_error"),
+            recycles: t.counter(
+                "shardlane_instance_recycles_total",
+                "Instances dropped after a trap or timeout and made afresh.",
+                &[("subscription", sub)],
+            ),
+            calls,
+            duration: t.histogram(
+                "shardlane_handler_duration_seconds",
+                "Handler call time, per call (a batch is one call).",
+                &[("subscription", sub)],
+                DURATION_BUCKETS,
+            ),
+            batch_size: t.histogram(
+                "shardlane_batch_size",
+                "Records per handle-batch call.",
+                &[("subscription", sub)],
+                BATCH_BUCKETS,
+            ),
+        }
+    }
+}
 
 /// First and longest wait between dead-letter puts that fail.
 const DEAD_LETTER_BACKOFF: (Duration, Duration) =
@@ -34,6 +126,9 @@ pub(super) struct Lane<F: HandlerFactory> {
     handler: Option<F::Handler>,
     settlement: SettlementSender,
     dead_letters: Option<DeadLetters>,
+    metrics: LaneMetrics,
+    /// The factory's plugin generation the instance was made from.
+    generation: u64,
 }
 
 /// `hard_stop` fired: the lane stops where it is.
@@ -53,6 +148,7 @@ impl<F: HandlerFactory> Lane<F> {
         factory: Arc<F>,
         settlement: SettlementSender,
         dead_letters: Option<DeadLetters>,
+        metrics: LaneMetrics,
     ) -> Self {
         Self {
             id,
@@ -61,6 +157,8 @@ impl<F: HandlerFactory> Lane<F> {
             handler: None,
             settlement,
             dead_letters,
+            metrics,
+            generation: 0,
         }
     }
 
@@ -138,12 +236,16 @@ impl<F: HandlerFactory> Lane<F> {
         stop: &CancellationToken,
     ) -> Option<&mut F::Handler> {
         while self.handler.is_none() {
+            let generation = self.factory.generation();
             let made = tokio::select! {
                 _ = stop.cancelled() => return None,
                 made = self.factory.create(self.id) => made,
             };
             match made {
-                Ok(handler) => self.handler = Some(handler),
+                Ok(handler) => {
+                    self.handler = Some(handler);
+                    self.generation = generation;
+                }
                 Err(e) => {
                     tracing::error!(subscription = %self.subscription.name, lane = self.id.0, error = %e, "cannot instantiate the plugin; retrying");
                     if !sleep(backoff.next_wait(), stop).await {
@@ -166,7 +268,15 @@ impl<F: HandlerFactory> Lane<F> {
     ) -> String {
         let sub = self.subscription.name.as_str();
         match error {
+            CallError::Trap(_) => self.metrics.traps.inc(),
+            CallError::Timeout(_) => self.metrics.timeouts.inc(),
+            CallError::WrongOutcomeCount { .. } | CallError::WrongWorld(_) => {
+                self.metrics.guest_errors.inc()
+            }
+        }
+        match error {
             CallError::Trap(_) | CallError::Timeout(_) | CallError::WrongWorld(_) => {
+                self.metrics.recycles.inc();
                 tracing::warn!(subscription = sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, batch_len, error = %error, "handler failed; instance recycled");
                 self.handler = None;
             }
@@ -179,7 +289,16 @@ impl<F: HandlerFactory> Lane<F> {
 
     /// Handles one record until it settles. False when `hard_stop` cut it
     /// off.
+    /// At a record or batch boundary: an instance of a swapped-out plugin
+    /// version is dropped, so the next call runs the new version.
+    fn follow_swaps(&mut self) {
+        if self.handler.is_some() && self.factory.generation() != self.generation {
+            self.handler = None;
+        }
+    }
+
     async fn deliver(&mut self, delivery: Delivery, hard_stop: &CancellationToken) -> bool {
+        self.follow_swaps();
         let Delivery { record, ticket } = delivery;
         let mut backoff = self.backoff();
         let mut attempt: u32 = 1;
@@ -187,16 +306,21 @@ impl<F: HandlerFactory> Lane<F> {
             let Some(handler) = self.handler(&mut backoff, hard_stop).await else {
                 return false;
             };
+            let started = std::time::Instant::now();
             let result = tokio::select! {
                 _ = hard_stop.cancelled() => return false,
                 r = handler.handle(&record, attempt) => r,
             };
+            self.metrics.duration.observe_duration(started.elapsed());
+            self.metrics.calls.inc();
             let reason = match result {
                 Ok(Outcome::Ack) => {
+                    self.metrics.acked.inc();
                     self.settle(SettlementMsg::Settle(ticket)).await;
                     return true;
                 }
                 Ok(Outcome::Reject(reason)) => {
+                    self.metrics.rejected.inc();
                     let next = failure::after_reject(&self.subscription.failure);
                     return self
                         .give_up(
@@ -210,6 +334,7 @@ impl<F: HandlerFactory> Lane<F> {
                         .await;
                 }
                 Ok(Outcome::Retry(reason)) => {
+                    self.metrics.retried.inc();
                     tracing::info!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, reason, "handler asked to retry");
                     format!("retry: {reason}")
                 }
@@ -233,6 +358,7 @@ impl<F: HandlerFactory> Lane<F> {
     }
 
     fn log_blocked(&self, record: &Record, attempt: u32, reason: &str) {
+        self.metrics.blocked.inc();
         let since = attempt.saturating_sub(self.subscription.failure.max_attempts.unwrap_or(0));
         if since.is_multiple_of(BLOCKED_LOG_EVERY) || since <= 1 {
             tracing::error!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, reason, "record blocked: out of attempts, on_failure = block keeps retrying it (the lane waits)");
@@ -262,6 +388,7 @@ impl<F: HandlerFactory> Lane<F> {
                     };
                     match put {
                         Ok(dlq_sequence) => {
+                            self.metrics.dead_lettered.inc();
                             tracing::warn!(subscription = %sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, partition_key = %record.partition_key, attempts, reason, dead_letter_stream = %dead_letters.stream(), dead_letter_sequence = dlq_sequence, "record dead-lettered");
                             break;
                         }
@@ -275,6 +402,7 @@ impl<F: HandlerFactory> Lane<F> {
                 }
             }
             _ => {
+                self.metrics.skipped.inc();
                 tracing::error!(subscription = %sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, partition_key = %record.partition_key, attempts, reason, "record skipped");
             }
         }
@@ -288,6 +416,7 @@ impl<F: HandlerFactory> Lane<F> {
     /// or with `bisect_on_error` splits it in halves that are handled in
     /// turn. False when `hard_stop` cut it off.
     async fn deliver_batch(&mut self, batch: Vec<Delivery>, hard_stop: &CancellationToken) -> bool {
+        self.follow_swaps();
         let items: Vec<Item> = batch
             .into_iter()
             .map(|Delivery { record, ticket }| Item {
@@ -306,18 +435,26 @@ impl<F: HandlerFactory> Lane<F> {
                 };
                 args.clear();
                 args.extend(group.iter().map(|i| (i.record.clone(), i.attempt)));
+                let started = std::time::Instant::now();
                 let result = tokio::select! {
                     _ = hard_stop.cancelled() => return false,
                     r = handler.handle_batch(&args) => r,
                 };
+                self.metrics.duration.observe_duration(started.elapsed());
+                self.metrics.batch_size.observe(args.len() as f64);
+                self.metrics.calls.inc();
                 match result {
                     Ok(outcomes) => {
                         let mut settled = Vec::with_capacity(outcomes.len());
                         let mut again = Vec::new();
                         for (item, outcome) in group.drain(..).zip(outcomes) {
                             match outcome {
-                                Outcome::Ack => settled.push(item.ticket),
+                                Outcome::Ack => {
+                                    self.metrics.acked.inc();
+                                    settled.push(item.ticket);
+                                }
                                 Outcome::Reject(reason) => {
+                                    self.metrics.rejected.inc();
                                     let next = failure::after_reject(&self.subscription.failure);
                                     if !self
                                         .give_up(
@@ -334,6 +471,7 @@ impl<F: HandlerFactory> Lane<F> {
                                     }
                                 }
                                 Outcome::Retry(reason) => {
+                                    self.metrics.retried.inc();
                                     tracing::info!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %item.record.shard, sequence_number = %item.record.sequence, attempt = item.attempt, reason, "handler asked to retry");
                                     match self
                                         .after_item_failure(

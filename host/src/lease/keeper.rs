@@ -49,6 +49,7 @@ use crate::ids::{OwnerId, ShardId};
 use crate::kinesis::list_shards;
 use crate::reader::{ReaderContext, ReaderExit, ShardReader};
 use crate::settlement::{Checkpoint, CheckpointRequest, SessionId};
+use crate::telemetry::{Gauge, SubscriptionStatus};
 
 /// Checkpoint requests queued to the keeper; settlement coalesces them to
 /// about one per shard per `checkpoint_every`, so this is plenty.
@@ -56,6 +57,14 @@ pub const CHECKPOINT_QUEUE: usize = 256;
 
 /// Tries of a checkpoint write that fails for a transient reason.
 const CHECKPOINT_TRIES: u32 = 3;
+
+fn leases_gauge(ctx: &ReaderContext) -> Gauge {
+    ctx.telemetry.gauge(
+        "shardlane_leases_held",
+        "Shard leases this instance holds.",
+        &[("subscription", ctx.subscription.name.as_str())],
+    )
+}
 
 struct Holding {
     lease: HeldLease,
@@ -78,6 +87,8 @@ pub struct Keeper {
     planner: Planner,
     next_session: SessionId,
     readers_cancel: CancellationToken,
+    status: Arc<SubscriptionStatus>,
+    leases_held: Gauge,
 }
 
 impl Keeper {
@@ -90,6 +101,8 @@ impl Keeper {
         reader_ctx: ReaderContext,
     ) -> Self {
         Self {
+            status: reader_ctx.status.clone(),
+            leases_held: leases_gauge(&reader_ctx),
             client: reader_ctx.client.clone(),
             subscription,
             lease,
@@ -209,6 +222,29 @@ impl Keeper {
             .filter(|(_, h)| h.releasing.is_none())
             .map(|(s, _)| s.clone())
             .collect();
+        for (shard, lease) in &leases {
+            if !self.held.contains_key(shard) {
+                self.status.shard(shard.as_str(), |s| {
+                    s.owner = lease
+                        .owner
+                        .as_ref()
+                        .map(|o| o.to_string())
+                        .unwrap_or_default();
+                    s.checkpoint = lease
+                        .checkpoint
+                        .as_ref()
+                        .map(|c| c.as_str().to_owned())
+                        .unwrap_or_default();
+                    if s.state != "ended" {
+                        s.state = if lease.checkpoint == Some(Checkpoint::ShardEnd) {
+                            "ended".into()
+                        } else {
+                            "elsewhere".into()
+                        };
+                    }
+                });
+            }
+        }
         let plan = self.planner.plan(
             &self.owner,
             &keeping,
@@ -242,6 +278,10 @@ impl Keeper {
                 }
             }
         }
+        self.status
+            .synced
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.leases_held.set(self.held.len() as u64);
         if let Some(lease) = plan.ask {
             match self.store.request_handoff(&lease, &self.owner).await {
                 Ok(()) => tracing::info!(
@@ -284,6 +324,17 @@ impl Keeper {
             cancel.clone(),
         );
         let id = shard.clone();
+        let owner = self.owner.to_string();
+        let checkpoint = lease
+            .checkpoint
+            .as_ref()
+            .map(|c| c.as_str().to_owned())
+            .unwrap_or_default();
+        self.status.shard(shard.as_str(), |s| {
+            s.owner = owner;
+            s.checkpoint = checkpoint;
+            s.state = "opening".into();
+        });
         self.readers.spawn(async move { (id, reader.run().await) });
         self.held.insert(
             shard,
@@ -360,12 +411,20 @@ impl Keeper {
     /// Stops the shard's reader at once: the lease is no longer ours.
     fn lose(&mut self, shard: &ShardId, why: &str) {
         if let Some(holding) = self.held.remove(shard) {
+            self.leases_held.set(self.held.len() as u64);
             holding.cancel.cancel();
             tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, why, held = self.held.len(), "lease lost; reader stopped");
         }
     }
 
     async fn release(&self, shard: &ShardId, lease: HeldLease) {
+        self.leases_held.set(self.held.len() as u64);
+        self.status.shard(shard.as_str(), |s| {
+            s.owner.clear();
+            if s.state != "ended" {
+                s.state = "released".into();
+            }
+        });
         match self.store.release(&lease).await {
             Ok(()) => {
                 tracing::info!(subscription = %self.subscription.name, shard_id = %shard, held = self.held.len(), "lease released")
@@ -415,6 +474,10 @@ impl Keeper {
             match written {
                 Ok(lease) => {
                     tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.as_str(), "checkpoint written");
+                    self.status.shard(shard.as_str(), |s| {
+                        s.checkpoint = checkpoint.as_str().to_owned();
+                        s.checkpoint_at = Some(std::time::Instant::now());
+                    });
                     if *checkpoint == Checkpoint::ShardEnd {
                         // The shard is done: nobody needs to read it again.
                         self.held.remove(shard);
