@@ -86,9 +86,7 @@ pub type LoadedSubscription = (Arc<SubscriptionConfig>, Plugin);
 ///
 /// # Errors
 /// One line naming the subscription, the plugin and the reason.
-pub fn load_plugins(
-    config: &Config,
-) -> anyhow::Result<(PluginHost, Vec<LoadedSubscription>)> {
+pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSubscription>)> {
     let max_memory = config
         .subscriptions
         .iter()

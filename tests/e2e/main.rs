@@ -11,4 +11,5 @@ mod config;
 mod failures;
 mod lanes;
 mod leases;
+mod ops;
 mod pipeline;
