@@ -61,6 +61,8 @@ pub struct Config {
     pub subscriptions: Vec<SubscriptionConfig>,
     /// The operations and admin HTTP server.
     pub admin: AdminConfig,
+    /// Where compiled components are cached; `None`: no cache.
+    pub compile_cache: Option<PathBuf>,
 }
 
 /// The operations HTTP server (health, readiness, metrics, status page,
@@ -318,6 +320,8 @@ struct RawConfig {
     #[serde(default)]
     admin: RawAdmin,
     #[serde(default)]
+    engine: RawEngine,
+    #[serde(default)]
     lease: RawLease,
     #[serde(default, rename = "subscription")]
     subscriptions: Vec<RawSubscription>,
@@ -329,6 +333,26 @@ struct RawAws {
     region: Option<String>,
     endpoint_url: Option<String>,
     dynamodb_endpoint_url: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawEngine {
+    cache_dir: Option<String>,
+}
+
+/// The default compile cache: `$XDG_CACHE_HOME/shardlane/components`, else
+/// `~/.cache/shardlane/components`; none when neither is known.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("shardlane").join("components"))
 }
 
 #[derive(Deserialize, Default)]
@@ -889,7 +913,13 @@ impl Validator<'_> {
             .token
             .or_else(|| std::env::var("SHARDLANE_ADMIN_TOKEN").ok())
             .filter(|t| !t.trim().is_empty());
+        let compile_cache = match raw.engine.cache_dir.as_deref() {
+            Some("off") => None,
+            Some(dir) => Some(PathBuf::from(dir)),
+            None => default_cache_dir(),
+        };
         Ok(Config {
+            compile_cache,
             admin: AdminConfig { listen, token },
             aws: AwsConfig {
                 region: raw.aws.region,

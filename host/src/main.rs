@@ -113,27 +113,46 @@ fn run(config_path: PathBuf, format: Format) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(shardlane::supervisor::run(config, shutdown_signal()))
+    runtime.block_on(async {
+        // Handlers first: a signal during start-up still means a clean
+        // stop once start-up is done, not the default abrupt exit.
+        let signals = Signals::install()?;
+        shardlane::supervisor::run(config, signals.shutdown()).await
+    })
 }
 
-/// Completes on the first SIGINT or SIGTERM; a second one exits at once
-/// (leases are then left to expire).
-async fn shutdown_signal() {
-    first_signal().await;
-    tokio::spawn(async {
-        first_signal().await;
-        eprintln!("second signal: exiting now");
-        std::process::exit(130);
-    });
+/// SIGINT and SIGTERM, registered once.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
 }
 
-async fn first_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    // Installing a handler only fails if signals are unusable in this
-    // process at all, which is not a state the service can run in.
-    let mut term = signal(SignalKind::terminate()).expect("cannot install the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())
+                .context("cannot install the SIGINT handler")?,
+            terminate: signal(SignalKind::terminate())
+                .context("cannot install the SIGTERM handler")?,
+        })
+    }
+
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+
+    /// Completes on the first SIGINT or SIGTERM; a second one exits at once
+    /// (leases are then left to expire).
+    async fn shutdown(mut self) {
+        self.next().await;
+        tokio::spawn(async move {
+            self.next().await;
+            eprintln!("second signal: exiting now");
+            std::process::exit(130);
+        });
     }
 }

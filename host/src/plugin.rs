@@ -383,6 +383,48 @@ pub struct PluginHost {
     engine: Engine,
     linker: Arc<Linker<HostState>>,
     fuel: bool,
+    cache: Option<Arc<CompileCache>>,
+}
+
+/// Compiled components on disk, so a large guest (Python, JavaScript: 10–20
+/// MB, seconds to compile) is compiled once, not at every start.
+///
+/// An entry is the serialized component, named by the component's sha256
+/// and a hash of the engine's compilation settings and wasmtime's version,
+/// so a changed plugin, engine setting or wasmtime release never reads a
+/// stale entry; wasmtime also refuses an incompatible artifact itself.
+/// Entries are written to a temporary file and renamed into place, so a
+/// reader never sees half of one.
+///
+/// # Trust
+/// Loading an entry skips compilation and trusts the file's machine code:
+/// the cache folder must be writable only by the user the host runs as
+/// (the default, under `$XDG_CACHE_HOME` or `~/.cache`, is).
+#[derive(Debug)]
+pub struct CompileCache {
+    dir: PathBuf,
+}
+
+impl CompileCache {
+    /// A cache in `dir` (created when missing).
+    ///
+    /// # Errors
+    /// When the folder cannot be created.
+    pub fn new(dir: PathBuf) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self { dir })
+    }
+
+    fn entry(&self, engine: &Engine, digest: &PluginDigest) -> PathBuf {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        env!("CARGO_PKG_VERSION").hash(&mut hasher);
+        let hex = digest.to_string();
+        let hex = hex.trim_start_matches("sha256:");
+        self.dir
+            .join(format!("{hex}-{:016x}.cwasm", hasher.finish()))
+    }
 }
 
 impl PluginHost {
@@ -421,7 +463,14 @@ impl PluginHost {
             engine,
             linker: Arc::new(linker),
             fuel,
+            cache: None,
         })
+    }
+
+    /// Keeps compiled components in `cache` (see [`CompileCache`]).
+    pub fn with_cache(mut self, cache: Option<CompileCache>) -> Self {
+        self.cache = cache.map(Arc::new);
+        self
     }
 
     /// An engine for checking plugins (`shardlane check`): default limits.
@@ -459,12 +508,46 @@ impl PluginHost {
         }
         let digest = PluginDigest::of(bytes);
         let started = Instant::now();
+        let entry = self.cache.as_ref().map(|c| c.entry(&self.engine, &digest));
+        if let Some(entry) = &entry
+            && entry.exists()
+        {
+            // SAFETY: the entry was written by this host's own
+            // `Component::serialize` into a folder only its user can write
+            // (see `CompileCache`), and wasmtime checks that it matches this
+            // engine before using it.
+            match unsafe { Component::deserialize_file(&self.engine, entry) } {
+                Ok(component) => {
+                    tracing::info!(plugin = %path.display(), digest = digest.short(), elapsed_ms = started.elapsed().as_secs_f64() * 1e3, cache = "hit", "plugin loaded from the compile cache");
+                    return Ok((component, digest));
+                }
+                Err(e) => {
+                    tracing::warn!(entry = %entry.display(), error = %one_line(&e), "compile cache entry unusable; compiling afresh");
+                }
+            }
+        }
         let component =
             Component::from_binary(&self.engine, bytes).map_err(|e| PluginError::Compile {
                 path: path.to_owned(),
                 reason: one_line(&e),
             })?;
-        tracing::debug!(plugin = %path.display(), digest = digest.short(), elapsed = ?started.elapsed(), "plugin compiled");
+        let compiled_in = started.elapsed();
+        if let Some(entry) = &entry {
+            let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
+            let written = component
+                .serialize()
+                .map_err(|e| one_line(&e))
+                .and_then(|bytes| std::fs::write(&tmp, bytes).map_err(|e| e.to_string()))
+                .and_then(|()| std::fs::rename(&tmp, entry).map_err(|e| e.to_string()));
+            if let Err(e) = written {
+                let _ = std::fs::remove_file(&tmp);
+                tracing::warn!(entry = %entry.display(), error = e, "cannot write the compile cache entry");
+            }
+        }
+        tracing::info!(
+            plugin = %path.display(), digest = digest.short(), elapsed_ms = compiled_in.as_secs_f64() * 1e3,
+            cache = if entry.is_some() { "miss" } else { "off" }, "plugin compiled"
+        );
         Ok((component, digest))
     }
 

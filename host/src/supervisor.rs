@@ -47,7 +47,7 @@ use crate::lease::file::FileLeaseStore;
 use crate::lease::keeper::{CHECKPOINT_QUEUE, Keeper};
 use crate::lease::memory::MemoryLeaseStore;
 use crate::ops::{self, OpsState};
-use crate::plugin::{Plugin, PluginHost, World};
+use crate::plugin::{CompileCache, Plugin, PluginHost, World};
 use crate::reader::ReaderContext;
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
 use crate::swap::PluginSlot;
@@ -97,8 +97,19 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSu
         .subscriptions
         .iter()
         .any(|s| s.sandbox.fuel.is_some());
-    let plugins =
-        PluginHost::new(max_memory, fuel).context("cannot start the WebAssembly engine")?;
+    let cache = match &config.compile_cache {
+        Some(dir) => match CompileCache::new(dir.clone()) {
+            Ok(cache) => Some(cache),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "compile cache unavailable; compiling every start");
+                None
+            }
+        },
+        None => None,
+    };
+    let plugins = PluginHost::new(max_memory, fuel)
+        .context("cannot start the WebAssembly engine")?
+        .with_cache(cache);
     let mut loaded = Vec::new();
     for (i, sub) in config.subscriptions.iter().enumerate() {
         let plugin = plugins

@@ -372,3 +372,39 @@ async fn metrics_readiness_and_the_status_page() {
     assert!(dom.contains("workers = 2"), "{dom}");
     host.terminate().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn compiled_components_are_cached_across_starts() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let stream = unique_name("cache");
+    kinesis.create_stream(&stream, 1).await.unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let cfg = format!(
+        "[engine]\ncache_dir = \"{}\"\n{}",
+        cache.path().display(),
+        config("cache", &stream, &guests.echo, "")
+    );
+    let mut times = Vec::new();
+    for (run, want) in [(1, "miss"), (2, "hit")] {
+        let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+        host.wait_for("the plugin loaded", Duration::from_secs(60), |lines| {
+            lines.iter().any(|l| field(l, "cache") == want)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("run {run}: {e}"));
+        let line = host
+            .lines()
+            .into_iter()
+            .find(|l| field(l, "cache") == want)
+            .unwrap();
+        times.push((want, line["elapsed_ms"].as_f64().unwrap()));
+        assert!(host.terminate().await.unwrap().success());
+    }
+    eprintln!(
+        "echo plugin (Rust): compile {:.1} ms (cache miss), load {:.1} ms (cache hit)",
+        times[0].1, times[1].1
+    );
+    let entries = std::fs::read_dir(cache.path()).unwrap().count();
+    assert_eq!(entries, 1, "one entry for one component and engine");
+}
