@@ -524,16 +524,24 @@ async fn a_paused_instance_is_fenced_out_when_it_resumes() {
     // Give a resumed host-a every chance to misbehave.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
+    // Once resumed, host-a may legitimately take shards back through the
+    // balancer (it now holds nothing); what it must never do is act on the
+    // leases it lost: before it takes a shard anew, it writes no checkpoint
+    // for it and does not read it.
     let after = lease_table(&dynalite, &table).await;
     for shard in &a_shards {
         let (owner, counter, checkpoint) = &after[shard];
-        assert_eq!(
-            owner.as_deref(),
-            Some("host-b"),
-            "{shard} stays with host-b"
+        assert!(
+            *counter > taken[shard].1 || owner.as_deref() == Some("host-b"),
+            "{shard}: {after:?}"
         );
-        assert!(*counter >= taken[shard].1);
-        // Checkpoints only move forward (host-b's); none from host-a.
+        if owner.as_deref() == Some("host-a") {
+            assert!(
+                *counter > taken[shard].1,
+                "{shard} went back to host-a only through a new acquire"
+            );
+        }
+        // Checkpoints only move forward.
         if let (Some(now), Some(then)) = (checkpoint, &taken[shard].2) {
             assert!(
                 seq_key(now) >= seq_key(then),
@@ -543,18 +551,22 @@ async fn a_paused_instance_is_fenced_out_when_it_resumes() {
     }
     let a_lines = a.lines();
     let after_resume = &a_lines[resumed_at_line.min(a_lines.len())..];
-    for line in after_resume {
-        let shard = field(line, "shard_id");
-        if a_shards.iter().any(|s| s == shard) {
+    for shard in &a_shards {
+        for line in after_resume
+            .iter()
+            .filter(|l| field(l, "shard_id") == shard)
+        {
+            let message = field(line, "message");
+            if message == "lease taken; reader starting" {
+                break;
+            }
             assert_ne!(
-                field(line, "message"),
-                "checkpoint written",
-                "host-a wrote a checkpoint after losing {shard}"
+                message, "checkpoint written",
+                "host-a wrote a checkpoint for {shard} on a lost lease"
             );
             assert_ne!(
-                field(line, "message"),
-                "shard iterator opened",
-                "host-a read {shard} again"
+                message, "shard iterator opened",
+                "host-a read {shard} on a lost lease"
             );
         }
     }

@@ -301,9 +301,18 @@ async fn metrics_readiness_and_the_status_page() {
         "start = \"trim_horizon\"\nworkers = 2",
     );
     let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
-    host.wait_for("60 records", Duration::from_secs(60), |lines| {
-        handled(lines).len() >= 60
-    })
+    host.wait_for(
+        "60 records and a checkpoint on every shard",
+        Duration::from_secs(60),
+        |lines| {
+            let checkpointed: std::collections::HashSet<&str> = lines
+                .iter()
+                .filter(|l| field(l, "message") == "checkpoint written")
+                .map(|l| field(l, "shard_id"))
+                .collect();
+            handled(lines).len() >= 60 && checkpointed.len() == 3
+        },
+    )
     .await
     .unwrap();
     let addr = admin_addr(&host);

@@ -89,6 +89,11 @@ pub struct Keeper {
     readers_cancel: CancellationToken,
     status: Arc<SubscriptionStatus>,
     leases_held: Gauge,
+    /// Shards this instance handed over, and when: not taken back for a
+    /// lease duration, so the instance that asked gets them (an instance
+    /// with no lease yet is invisible to the planner's live count, and
+    /// would otherwise lose the race to the giver's next sync forever).
+    handed_over: HashMap<ShardId, Instant>,
 }
 
 impl Keeper {
@@ -102,6 +107,7 @@ impl Keeper {
     ) -> Self {
         Self {
             status: reader_ctx.status.clone(),
+            handed_over: HashMap::new(),
             leases_held: leases_gauge(&reader_ctx),
             client: reader_ctx.client.clone(),
             subscription,
@@ -254,7 +260,12 @@ impl Keeper {
             Instant::now(),
         );
         let present: HashSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
+        let cooldown = self.lease.lease_duration;
+        self.handed_over.retain(|_, at| at.elapsed() < cooldown);
         for (shard, seen) in plan.take {
+            if self.handed_over.contains_key(&shard) {
+                continue;
+            }
             let key = self.key(&shard);
             match self.store.acquire(&key, &self.owner, seen.as_ref()).await {
                 Ok(lease) => {
@@ -359,6 +370,9 @@ impl Keeper {
             {
                 tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, "in-flight records did not settle within shutdown_timeout; releasing the lease anyway (the next owner reads them again)");
                 if let Some(holding) = self.held.remove(&shard) {
+                    if holding.lease.handoff.is_some() {
+                        self.handed_over.insert(shard.clone(), Instant::now());
+                    }
                     self.release(&shard, holding.lease).await;
                 }
                 continue;
@@ -450,6 +464,9 @@ impl Keeper {
             if releasing && let Some(holding) = self.held.remove(&shard) {
                 if let Some(since) = holding.releasing {
                     tracing::info!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.as_ref().map(Checkpoint::as_str), drain = ?since.elapsed(), "final checkpoint written");
+                }
+                if holding.lease.handoff.is_some() {
+                    self.handed_over.insert(shard.clone(), Instant::now());
                 }
                 self.release(&shard, holding.lease).await;
             }

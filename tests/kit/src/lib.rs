@@ -87,11 +87,82 @@ pub fn emulators_dir() -> anyhow::Result<PathBuf> {
         .map_err(anyhow::Error::msg)
 }
 
-/// A running `kinesis-local` emulator, killed on drop.
-pub struct Kinesis {
+/// A node emulator process logging to a temporary file, killed on drop.
+struct EmulatorProcess {
+    name: &'static str,
     child: Child,
     endpoint: String,
     log: PathBuf,
+}
+
+impl EmulatorProcess {
+    /// Spawns `command` (its output to a log file) for an emulator that will
+    /// listen on `port`.
+    fn spawn(name: &'static str, mut command: Command, port: u16) -> anyhow::Result<Self> {
+        let log = std::env::temp_dir().join(format!("{name}-{port}.log"));
+        let log_file = std::fs::File::create(&log)?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .with_context(|| format!("cannot start {name} with node (is Node.js installed?)"))?;
+        Ok(Self {
+            name,
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            log,
+        })
+    }
+
+    /// Polls `answers` until it succeeds; fails loudly, with the emulator's
+    /// output, when the process exits or 60 s pass.
+    async fn wait_until<F, Fut>(&mut self, answers: F) -> anyhow::Result<()>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "{} exited at start-up ({status}):\n{}",
+                    self.name,
+                    self.output()
+                );
+            }
+            if answers().await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not answer on {} within 60 s:\n{}",
+                    self.name,
+                    self.endpoint,
+                    self.output()
+                );
+            }
+            // Polling for the port to answer; start-up takes about a second.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for EmulatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// A running `kinesis-local` emulator, killed on drop.
+pub struct Kinesis {
+    process: EmulatorProcess,
 }
 
 impl Kinesis {
@@ -102,63 +173,38 @@ impl Kinesis {
     pub async fn start() -> anyhow::Result<Self> {
         let dir = emulators_dir()?.join("node_modules/kinesis-local");
         let port = free_port();
-        let tls_port = free_port();
-        let log = std::env::temp_dir().join(format!("kinesis-local-{port}.log"));
-        let log_file = std::fs::File::create(&log)?;
-        let child = Command::new("node")
+        let mut command = Command::new("node");
+        command
             .arg("main.js")
             .current_dir(&dir)
             .env("KINESIS_MOCK_PLAIN_PORT", port.to_string())
-            .env("KINESIS_MOCK_TLS_PORT", tls_port.to_string())
+            .env("KINESIS_MOCK_TLS_PORT", free_port().to_string())
             .env("LOG_LEVEL", "WARN")
             // Streams become ACTIVE quickly: tests create many.
             .env("CREATE_STREAM_DURATION", "100ms")
             .env("DELETE_STREAM_DURATION", "100ms")
             .env("SPLIT_SHARD_DURATION", "100ms")
             .env("MERGE_SHARDS_DURATION", "100ms")
-            .env("SHARD_LIMIT", "200")
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file)
-            .spawn()
-            .context("cannot start kinesis-local with node (is Node.js installed?)")?;
+            .env("SHARD_LIMIT", "200");
         let mut kinesis = Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-            log,
+            process: EmulatorProcess::spawn("kinesis-local", command, port)?,
         };
         let client = kinesis.client();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = kinesis.child.try_wait()? {
-                bail!(
-                    "kinesis-local exited at start-up ({status}):\n{}",
-                    kinesis.output()
-                );
-            }
-            if client.list_streams().send().await.is_ok() {
-                return Ok(kinesis);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "kinesis-local did not answer on {} within 60 s:\n{}",
-                    kinesis.endpoint,
-                    kinesis.output()
-                );
-            }
-            // Polling for the port to answer; start-up takes about a second.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        kinesis
+            .process
+            .wait_until(|| async { client.list_streams().send().await.is_ok() })
+            .await?;
+        Ok(kinesis)
     }
 
     /// What the emulator printed so far.
     pub fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.output()
     }
 
     /// Its plain-HTTP endpoint, for `AWS_ENDPOINT_URL_KINESIS`.
     pub fn endpoint(&self) -> &str {
-        &self.endpoint
+        &self.process.endpoint
     }
 
     /// An SDK client for it, with static test credentials.
@@ -173,7 +219,7 @@ impl Kinesis {
                 None,
                 "shardlane-testkit",
             ))
-            .endpoint_url(&self.endpoint)
+            .endpoint_url(self.endpoint())
             .build();
         Client::from_conf(config)
     }
@@ -311,19 +357,9 @@ impl Kinesis {
     }
 }
 
-impl Drop for Kinesis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
 /// A running `dynalite` (DynamoDB emulator), in memory, killed on drop.
 pub struct Dynalite {
-    child: Child,
-    endpoint: String,
-    log: PathBuf,
+    process: EmulatorProcess,
 }
 
 impl Dynalite {
@@ -334,9 +370,8 @@ impl Dynalite {
     pub async fn start() -> anyhow::Result<Self> {
         let cli = emulators_dir()?.join("node_modules/dynalite/cli.js");
         let port = free_port();
-        let log = std::env::temp_dir().join(format!("dynalite-{port}.log"));
-        let log_file = std::fs::File::create(&log)?;
-        let child = Command::new("node")
+        let mut command = Command::new("node");
+        command
             .arg(&cli)
             .args(["--port", &port.to_string()])
             // Tables become ACTIVE quickly: tests create them at start-up.
@@ -347,49 +382,26 @@ impl Dynalite {
                 "50",
                 "--updateTableMs",
                 "50",
-            ])
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file)
-            .spawn()
-            .context("cannot start dynalite with node (is Node.js installed?)")?;
+            ]);
         let mut dynalite = Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-            log,
+            process: EmulatorProcess::spawn("dynalite", command, port)?,
         };
         let client = dynalite.client();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = dynalite.child.try_wait()? {
-                bail!(
-                    "dynalite exited at start-up ({status}):\n{}",
-                    dynalite.output()
-                );
-            }
-            if client.list_tables().send().await.is_ok() {
-                return Ok(dynalite);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "dynalite did not answer on {} within 60 s:\n{}",
-                    dynalite.endpoint,
-                    dynalite.output()
-                );
-            }
-            // Polling for the port to answer.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        dynalite
+            .process
+            .wait_until(|| async { client.list_tables().send().await.is_ok() })
+            .await?;
+        Ok(dynalite)
     }
 
     /// What it printed so far.
     pub fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.output()
     }
 
     /// Its endpoint, for `AWS_ENDPOINT_URL_DYNAMODB`.
     pub fn endpoint(&self) -> &str {
-        &self.endpoint
+        &self.process.endpoint
     }
 
     /// An SDK client for it.
@@ -404,17 +416,9 @@ impl Dynalite {
                 None,
                 "shardlane-testkit",
             ))
-            .endpoint_url(&self.endpoint)
+            .endpoint_url(self.endpoint())
             .build();
         aws_sdk_dynamodb::Client::from_conf(config)
-    }
-}
-
-impl Drop for Dynalite {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
     }
 }
 
