@@ -3,7 +3,8 @@
 //!
 //! A new version arrives from the plugin file changing (watched with
 //! `notify`: editors' in-place writes and `mv`-style atomic replacement
-//! both show up as events on the file's folder; events are debounced) or
+//! both show up as events on the file's folder; events are debounced, and
+//! only content changes count, not a process reading the file) or
 //! from the admin API. It is compiled and validated off the hot path (a
 //! blocking task): it must be a component of the same world as the running
 //! version, with every import provided. If that fails, the running version
@@ -20,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use notify::{RecursiveMode, Watcher};
+use notify::event::ModifyKind;
+use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -195,7 +197,15 @@ impl PluginSlot {
         let file_name = self.path.file_name().map(|n| n.to_owned());
         let watched = file_name.clone();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            // Only content changes: another process merely opening or
+            // reading the file (access events) must not trigger a reload,
+            // which would also undo a swap made through the admin API.
+            let changes_content = |kind: &EventKind| {
+                matches!(kind, EventKind::Create(_))
+                    || matches!(kind, EventKind::Modify(m) if !matches!(m, ModifyKind::Metadata(_)))
+            };
             if let Ok(event) = event
+                && changes_content(&event.kind)
                 && event
                     .paths
                     .iter()

@@ -268,6 +268,11 @@ async fn the_admin_api_needs_its_token_and_swaps_like_a_file() {
     assert_eq!(report["changed"], true);
     assert!(report["new"].as_str().unwrap().starts_with("sha256:"));
     eprintln!("admin swap: live after {} ms", report["live_after_ms"]);
+    // Reading the plugin file (as other processes do) is no change to it:
+    // the watcher must not reload it and undo the admin swap.
+    std::fs::read(&guests.retry).unwrap();
+    // Longer than the watcher's debounce.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     host.wait_for("v2 at work", Duration::from_secs(30), |lines| {
         handled(lines).iter().filter(|h| h.0 == 2).count() >= 30
     })
@@ -281,7 +286,16 @@ async fn the_admin_api_needs_its_token_and_swaps_like_a_file() {
     .await
     .unwrap();
     assert!(host.terminate().await.unwrap().success());
-    check_exactly_once_and_switch_per_lane(&put, &host.lines());
+    let lines = host.lines();
+    let swaps = lines
+        .iter()
+        .filter(|l| field(l, "message").starts_with("plugin swapped"))
+        .count();
+    assert_eq!(
+        swaps, 1,
+        "only the admin swap; reading the file swapped nothing back"
+    );
+    check_exactly_once_and_switch_per_lane(&put, &lines);
 }
 
 #[tokio::test(flavor = "multi_thread")]
