@@ -89,6 +89,107 @@ pub struct HeldLease {
     pub handoff: Option<OwnerId>,
 }
 
+impl HeldLease {
+    /// This holder's view after a write that left the lease as `now`.
+    fn after(&self, now: &Lease) -> Self {
+        Self {
+            counter: now.counter,
+            handoff: now.handoff.clone(),
+            ..self.clone()
+        }
+    }
+}
+
+/// The contract's rules as pure transitions from a lease's current stored
+/// value to its next one. Backends that store whole lease values (memory,
+/// file) read the current value, apply a rule and store the result inside
+/// one critical section or transaction; DynamoDB states the same rules as
+/// condition expressions.
+pub(crate) mod rules {
+    use super::{HeldLease, Lease, LeaseError, LeaseKey};
+    use crate::ids::OwnerId;
+
+    /// Taking the lease for `owner`, if it is still exactly as `seen`.
+    pub fn acquire(
+        current: Option<Lease>,
+        key: &LeaseKey,
+        owner: &OwnerId,
+        seen: Option<&Lease>,
+    ) -> Result<(Lease, HeldLease), LeaseError> {
+        if current.as_ref() != seen {
+            return Err(LeaseError::Lost(key.clone()));
+        }
+        let mut lease = current.unwrap_or(Lease {
+            key: key.clone(),
+            owner: None,
+            counter: 0,
+            checkpoint: None,
+            handoff: None,
+        });
+        lease.owner = Some(owner.clone());
+        lease.handoff = None;
+        lease.counter += 1;
+        let held = HeldLease {
+            key: key.clone(),
+            owner: owner.clone(),
+            counter: lease.counter,
+            checkpoint: lease.checkpoint.clone(),
+            handoff: None,
+        };
+        Ok((lease, held))
+    }
+
+    /// A write by the holder (renew, checkpoint, release): allowed only
+    /// while it is still the owner at the counter it last saw; bumps the
+    /// counter.
+    pub fn update_held(
+        current: Option<Lease>,
+        held: &HeldLease,
+        update: impl FnOnce(&mut Lease),
+    ) -> Result<(Lease, HeldLease), LeaseError> {
+        match current {
+            Some(mut lease)
+                if lease.owner.as_ref() == Some(&held.owner) && lease.counter == held.counter =>
+            {
+                update(&mut lease);
+                lease.counter += 1;
+                let now = held.after(&lease);
+                Ok((lease, now))
+            }
+            _ => Err(LeaseError::Lost(held.key.clone())),
+        }
+    }
+
+    /// Marking an owned lease, unchanged since `seen`, with a hand-over
+    /// request for `to`; the counter stays.
+    pub fn request_handoff(
+        current: Option<Lease>,
+        seen: &Lease,
+        to: &OwnerId,
+    ) -> Result<Lease, LeaseError> {
+        match current {
+            Some(lease)
+                if lease.owner.is_some()
+                    && lease.owner == seen.owner
+                    && lease.counter == seen.counter
+                    && lease.handoff.is_none() =>
+            {
+                Ok(Lease {
+                    handoff: Some(to.clone()),
+                    ..lease
+                })
+            }
+            _ => Err(LeaseError::Lost(seen.key.clone())),
+        }
+    }
+
+    /// Releasing: no owner, no pending request.
+    pub fn release(lease: &mut Lease) {
+        lease.owner = None;
+        lease.handoff = None;
+    }
+}
+
 /// Why a lease operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {

@@ -295,11 +295,6 @@ impl Settlement {
         }
     }
 
-    /// Records read but not yet settled, now.
-    pub fn unsettled(&self) -> usize {
-        self.unsettled
-    }
-
     fn session(&mut self, shard: &ShardId, session: SessionId) -> Option<&mut ShardState> {
         self.shards
             .get_mut(shard)

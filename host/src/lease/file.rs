@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
+use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, rules};
 use crate::ids::{OwnerId, ShardId, StreamName, SubscriptionName};
 use crate::settlement::Checkpoint;
 
@@ -191,28 +191,30 @@ impl FileLeaseStore {
     ) -> Result<HeldLease, LeaseError> {
         let held = held.clone();
         self.write(move |table| {
-            let k = db_key(&held.key);
-            let current = match table.get(k.as_str()).map_err(store_error)? {
-                Some(v) => decode(held.key.clone(), v.value())?,
-                None => return Err(LeaseError::Lost(held.key.clone())),
-            };
-            if current.owner.as_ref() != Some(&held.owner) || current.counter != held.counter {
-                return Err(LeaseError::Lost(held.key.clone()));
-            }
-            let mut lease = current;
-            update(&mut lease);
-            lease.counter += 1;
-            table
-                .insert(k.as_str(), encode(&lease).as_str())
-                .map_err(store_error)?;
-            Ok(HeldLease {
-                counter: lease.counter,
-                handoff: lease.handoff.clone(),
-                ..held
-            })
+            let current = read_in(table, &held.key)?;
+            let (lease, now) = rules::update_held(current, &held, update)?;
+            write_in(table, &lease)?;
+            Ok(now)
         })
         .await
     }
+}
+
+/// The lease under `key` in a write transaction's table.
+fn read_in(table: &redb::Table<&str, &str>, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+    table
+        .get(db_key(key).as_str())
+        .map_err(store_error)?
+        .map(|v| decode(key.clone(), v.value()))
+        .transpose()
+}
+
+/// Stores `lease` in a write transaction's table.
+fn write_in(table: &mut redb::Table<&str, &str>, lease: &Lease) -> Result<(), LeaseError> {
+    table
+        .insert(db_key(&lease.key).as_str(), encode(lease).as_str())
+        .map(|_| ())
+        .map_err(store_error)
 }
 
 #[async_trait]
@@ -276,35 +278,9 @@ impl LeaseStore for FileLeaseStore {
     ) -> Result<HeldLease, LeaseError> {
         let (key, owner, seen) = (key.clone(), owner.clone(), seen.cloned());
         self.write(move |table| {
-            let k = db_key(&key);
-            let current = table
-                .get(k.as_str())
-                .map_err(store_error)?
-                .map(|v| decode(key.clone(), v.value()))
-                .transpose()?;
-            if current != seen {
-                return Err(LeaseError::Lost(key.clone()));
-            }
-            let mut lease = current.unwrap_or(Lease {
-                key: key.clone(),
-                owner: None,
-                counter: 0,
-                checkpoint: None,
-                handoff: None,
-            });
-            lease.owner = Some(owner.clone());
-            lease.handoff = None;
-            lease.counter += 1;
-            table
-                .insert(k.as_str(), encode(&lease).as_str())
-                .map_err(store_error)?;
-            Ok(HeldLease {
-                key: key.clone(),
-                owner: owner.clone(),
-                counter: lease.counter,
-                checkpoint: lease.checkpoint,
-                handoff: None,
-            })
+            let (lease, held) = rules::acquire(read_in(table, &key)?, &key, &owner, seen.as_ref())?;
+            write_in(table, &lease)?;
+            Ok(held)
         })
         .await
     }
@@ -324,37 +300,14 @@ impl LeaseStore for FileLeaseStore {
     }
 
     async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {
-        self.update_held(held, |lease| {
-            lease.owner = None;
-            lease.handoff = None;
-        })
-        .await
-        .map(|_| ())
+        self.update_held(held, rules::release).await.map(|_| ())
     }
 
     async fn request_handoff(&self, seen: &Lease, to: &OwnerId) -> Result<(), LeaseError> {
         let (seen, to) = (seen.clone(), to.clone());
         self.write(move |table| {
-            let k = db_key(&seen.key);
-            let current = match table.get(k.as_str()).map_err(store_error)? {
-                Some(v) => decode(seen.key.clone(), v.value())?,
-                None => return Err(LeaseError::Lost(seen.key.clone())),
-            };
-            if current.owner.is_none()
-                || current.owner != seen.owner
-                || current.counter != seen.counter
-                || current.handoff.is_some()
-            {
-                return Err(LeaseError::Lost(seen.key.clone()));
-            }
-            let lease = Lease {
-                handoff: Some(to),
-                ..current
-            };
-            table
-                .insert(k.as_str(), encode(&lease).as_str())
-                .map_err(store_error)?;
-            Ok(())
+            let lease = rules::request_handoff(read_in(table, &seen.key)?, &seen, &to)?;
+            write_in(table, &lease)
         })
         .await
     }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
+use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, rules};
 use crate::ids::{OwnerId, StreamName, SubscriptionName};
 use crate::settlement::Checkpoint;
 
@@ -39,19 +39,10 @@ impl MemoryLeaseStore {
         held: &HeldLease,
         update: impl FnOnce(&mut Lease),
     ) -> Result<HeldLease, LeaseError> {
-        self.with(|leases| match leases.get_mut(&held.key) {
-            Some(lease)
-                if lease.owner.as_ref() == Some(&held.owner) && lease.counter == held.counter =>
-            {
-                update(lease);
-                lease.counter += 1;
-                Ok(HeldLease {
-                    counter: lease.counter,
-                    handoff: lease.handoff.clone(),
-                    ..held.clone()
-                })
-            }
-            _ => Err(LeaseError::Lost(held.key.clone())),
+        self.with(|leases| {
+            let (lease, now) = rules::update_held(leases.get(&held.key).cloned(), held, update)?;
+            leases.insert(held.key.clone(), lease);
+            Ok(now)
         })
     }
 }
@@ -83,26 +74,9 @@ impl LeaseStore for MemoryLeaseStore {
         seen: Option<&Lease>,
     ) -> Result<HeldLease, LeaseError> {
         self.with(|leases| {
-            if leases.get(key) != seen {
-                return Err(LeaseError::Lost(key.clone()));
-            }
-            let lease = leases.entry(key.clone()).or_insert_with(|| Lease {
-                key: key.clone(),
-                owner: None,
-                counter: 0,
-                checkpoint: None,
-                handoff: None,
-            });
-            lease.owner = Some(owner.clone());
-            lease.handoff = None;
-            lease.counter += 1;
-            Ok(HeldLease {
-                key: key.clone(),
-                owner: owner.clone(),
-                counter: lease.counter,
-                checkpoint: lease.checkpoint.clone(),
-                handoff: None,
-            })
+            let (lease, held) = rules::acquire(leases.get(key).cloned(), key, owner, seen)?;
+            leases.insert(key.clone(), lease);
+            Ok(held)
         })
     }
 
@@ -119,25 +93,14 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {
-        self.update_held(held, |lease| {
-            lease.owner = None;
-            lease.handoff = None;
-        })
-        .map(|_| ())
+        self.update_held(held, rules::release).map(|_| ())
     }
 
     async fn request_handoff(&self, seen: &Lease, to: &OwnerId) -> Result<(), LeaseError> {
-        self.with(|leases| match leases.get_mut(&seen.key) {
-            Some(lease)
-                if lease.owner.is_some()
-                    && lease.owner == seen.owner
-                    && lease.counter == seen.counter
-                    && lease.handoff.is_none() =>
-            {
-                lease.handoff = Some(to.clone());
-                Ok(())
-            }
-            _ => Err(LeaseError::Lost(seen.key.clone())),
+        self.with(|leases| {
+            let lease = rules::request_handoff(leases.get(&seen.key).cloned(), seen, to)?;
+            leases.insert(seen.key.clone(), lease);
+            Ok(())
         })
     }
 }
