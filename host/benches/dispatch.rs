@@ -61,6 +61,7 @@ fn subscription(dispatch: DispatchMode, batch: Option<usize>) -> Arc<Subscriptio
         name: "bench".into(),
         stream: "bench".into(),
         plugin: "bench.wasm".into(),
+        canary: None,
         start: StartPosition::TrimHorizon,
         poll_idle: Duration::from_millis(200),
         checkpoint_every: Duration::from_secs(1),
@@ -264,7 +265,151 @@ fn main() -> anyhow::Result<()> {
             rate(wasm) / rate(native)
         );
     }
-    recycle_cost(&runtime, &host, &guests)?;
+    if filter.as_deref().is_none_or(|f| "recycle".contains(f)) {
+        recycle_cost(&runtime, &host, &guests)?;
+    }
+    if filter.as_deref().is_none_or(|f| "spans".contains(f)) {
+        span_cost(&runtime, &noop)?;
+    }
+    if filter.as_deref().is_none_or(|f| "languages".contains(f)) {
+        languages(&runtime)?;
+    }
+    Ok(())
+}
+
+/// What the handler-call spans cost: the sequential mode with no log
+/// subscriber, with the service's JSON subscriber (spans on, its default),
+/// and with the span target filtered out.
+fn span_cost(
+    runtime: &tokio::runtime::Runtime,
+    noop: &Arc<shardlane::plugin::Plugin>,
+) -> anyhow::Result<()> {
+    const COUNT: usize = 200_000;
+    let sub = subscription(DispatchMode::Sequential, None);
+    let timed = |filter: Option<&str>| {
+        let go = || runtime.block_on(run(sub.clone(), noop.clone(), records(COUNT)));
+        let elapsed = match filter {
+            None => (0..3).map(|_| go()).min().unwrap(),
+            Some(filter) => {
+                let subscriber = tracing_subscriber::fmt()
+                    .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                    .with_writer(std::io::sink)
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false)
+                    .finish();
+                tracing::subscriber::with_default(subscriber, || {
+                    (0..3).map(|_| go()).min().unwrap()
+                })
+            }
+        };
+        COUNT as f64 / elapsed.as_secs_f64()
+    };
+    println!();
+    println!("handler-call spans, sequential mode (noop guest):");
+    for (label, filter) in [
+        ("no log subscriber", None),
+        ("JSON logs, spans on (default)", Some("info")),
+        (
+            "JSON logs, shardlane::otel=off",
+            Some("info,shardlane::otel=off"),
+        ),
+    ] {
+        println!("  {label:<34} {:>10.0} rec/s", timed(filter));
+    }
+    Ok(())
+}
+
+/// Per guest language: the conformance examples' start-up (compile with a
+/// cold cache, load with a warm one), instantiation from the
+/// pre-instantiated component, and per-record cost through `handle` (echo)
+/// and `handle-batch` of 500 (batch-sum).
+fn languages(runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    use shardlane::plugin::CompileCache;
+    use shardlane_testkit::{Language, build_examples};
+    const INSTANCES: u32 = 200;
+    const CALLS: u32 = 20_000;
+    const BATCHES: u32 = 100;
+    let timeout = Duration::from_secs(30);
+    println!();
+    println!("guest languages (echo: handle; batch-sum: handle-batch of 500 records):");
+    println!(
+        "{:<11} {:>9} {:>12} {:>12} {:>13} {:>11} {:>15} {:>14}",
+        "language",
+        "size",
+        "cold start",
+        "warm start",
+        "instantiate",
+        "handle",
+        "batch of 500",
+        "per record"
+    );
+    let base = records(1).remove(0);
+    let echo_record = base.clone();
+    let batch: Vec<(Arc<Record>, u32)> = (0..500)
+        .map(|i| {
+            let r = Arc::new(Record {
+                stream: base.stream.clone(),
+                shard: base.shard.clone(),
+                partition_key: base.partition_key.clone(),
+                sequence: base.sequence.clone(),
+                arrival_ms: base.arrival_ms,
+                data: format!("{{\"amount\": {i}}}").into_bytes(),
+            });
+            (r, 1)
+        })
+        .collect();
+    for lang in Language::ALL {
+        let examples = build_examples(lang)?;
+        let size = std::fs::metadata(&examples.echo)?.len();
+        let cache = tempfile::tempdir()?;
+        let start = || -> anyhow::Result<(Duration, PluginHost)> {
+            let host = PluginHost::new(defaults::MAX_MEMORY, defaults::MAX_CORE_INSTANCES, false)?
+                .with_cache(Some(CompileCache::new(cache.path().to_owned())?));
+            let started = Instant::now();
+            for path in [&examples.echo, &examples.batch_sum, &examples.poison] {
+                host.load(path, "bench".into(), timeout, sandbox())?;
+            }
+            Ok((started.elapsed(), host))
+        };
+        let (cold, _) = start()?;
+        let (warm, host) = start()?;
+        let echo = host.load(&examples.echo, "bench".into(), timeout, sandbox())?;
+        let sum = host.load(&examples.batch_sum, "bench".into(), timeout, sandbox())?;
+        let (instantiate, handle, per_batch) = runtime.block_on(async {
+            let started = Instant::now();
+            for lane in 0..INSTANCES {
+                drop(echo.instantiate(LaneId(lane)).await?);
+            }
+            let instantiate = started.elapsed() / INSTANCES;
+            let mut instance = echo.instantiate(LaneId(0)).await?;
+            let started = Instant::now();
+            for _ in 0..CALLS {
+                instance.handle(&echo_record, 1).await?;
+            }
+            let handle = started.elapsed() / CALLS;
+            let mut instance = sum.instantiate(LaneId(0)).await?;
+            let started = Instant::now();
+            for _ in 0..BATCHES {
+                instance.handle_batch(&batch).await?;
+            }
+            anyhow::Ok((instantiate, handle, started.elapsed() / BATCHES))
+        })?;
+        println!(
+            "{:<11} {:>6.1} MB {:>12} {:>12} {:>13} {:>11} {:>15} {:>14}",
+            lang.dir(),
+            size as f64 / 1e6,
+            format!("{:.2?}", cold),
+            format!("{:.2?}", warm),
+            format!("{:.1?}", instantiate),
+            format!("{:.2?}", handle),
+            format!("{:.1?}", per_batch),
+            format!("{:.2?}", per_batch / 500)
+        );
+    }
+    println!(
+        "(start: compiling or loading all three examples; the echo guest logs every record, with no log subscriber installed)"
+    );
     Ok(())
 }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
+use crate::dispatch::routing::KeySlice;
 use crate::ids::{StreamName, SubscriptionName};
 
 /// A config that could not be loaded: always names the file, and the key when
@@ -63,6 +64,9 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Where compiled components are cached; `None`: no cache.
     pub compile_cache: Option<PathBuf>,
+    /// Most core module instances one plugin component may contain
+    /// (`engine.max_core_instances`): a size of the instance pool.
+    pub max_core_instances: u32,
 }
 
 /// The operations HTTP server (health, readiness, metrics, status page,
@@ -229,6 +233,16 @@ pub struct SandboxConfig {
     pub log_rate: u32,
 }
 
+/// A canary: a candidate plugin version handling a stable slice of the
+/// partition keys (see [`crate::swap`]).
+#[derive(Debug, Clone)]
+pub struct CanaryConfig {
+    /// The candidate component file.
+    pub plugin: PathBuf,
+    /// The keys it handles.
+    pub slice: KeySlice,
+}
+
 /// One subscription: a stream, a plugin, and how to read.
 #[derive(Debug, Clone)]
 pub struct SubscriptionConfig {
@@ -238,6 +252,9 @@ pub struct SubscriptionConfig {
     pub stream: StreamName,
     /// The plugin component file.
     pub plugin: PathBuf,
+    /// A candidate version for a slice of the keys, until promoted or
+    /// rolled back.
+    pub canary: Option<CanaryConfig>,
     /// Where a shard without a checkpoint starts.
     pub start: StartPosition,
     /// How long a reader waits after a read that returned no records.
@@ -310,6 +327,13 @@ pub mod defaults {
     pub const ADMIN_LISTEN: &str = "127.0.0.1:9090";
     /// Where the file lease store keeps its database.
     pub const FILE_STORE_PATH: &str = "shardlane-state";
+    /// Core module instances per component: the Rust and JavaScript
+    /// examples have 3, the C ones 4, the Python ones (componentize-py
+    /// 0.25) 14; room to spare for larger runtimes.
+    pub const MAX_CORE_INSTANCES: u32 = 64;
+    /// The most `engine.max_core_instances` may be: each slot of the pool
+    /// reserves room for this many instances.
+    pub const MAX_CORE_INSTANCES_LIMIT: u32 = 1_024;
 }
 
 #[derive(Deserialize)]
@@ -339,6 +363,7 @@ struct RawAws {
 #[serde(deny_unknown_fields)]
 struct RawEngine {
     cache_dir: Option<String>,
+    max_core_instances: Option<i64>,
 }
 
 /// The default compile cache: `$XDG_CACHE_HOME/shardlane/components`, else
@@ -381,6 +406,7 @@ struct RawSubscription {
     name: String,
     stream: String,
     plugin: PathBuf,
+    canary: Option<RawCanary>,
     start: Option<RawStart>,
     poll_idle: Option<String>,
     checkpoint_every: Option<String>,
@@ -410,6 +436,13 @@ enum RawOnFailure {
     Block,
     Skip,
     DeadLetter,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCanary {
+    plugin: PathBuf,
+    key_fraction: f64,
 }
 
 #[derive(Deserialize)]
@@ -854,7 +887,23 @@ impl Validator<'_> {
                     );
                 }
             };
+            let canary = match sub.canary {
+                None => None,
+                Some(c) => Some(CanaryConfig {
+                    plugin: c.plugin,
+                    slice: KeySlice::new(c.key_fraction).ok_or_else(|| {
+                        self.invalid(
+                            at("canary.key_fraction"),
+                            format!(
+                                "{} is out of range: more than 0 (at least 0.000001), at most 1",
+                                c.key_fraction
+                            ),
+                        )
+                    })?,
+                }),
+            };
             subscriptions.push(SubscriptionConfig {
+                canary,
                 failure,
                 sandbox: SandboxConfig {
                     max_memory,
@@ -918,8 +967,22 @@ impl Validator<'_> {
             Some(dir) => Some(PathBuf::from(dir)),
             None => default_cache_dir(),
         };
+        let max_core_instances = match raw.engine.max_core_instances {
+            None => defaults::MAX_CORE_INSTANCES,
+            Some(n) if (1..=i64::from(defaults::MAX_CORE_INSTANCES_LIMIT)).contains(&n) => n as u32,
+            Some(n) => {
+                return Err(self.invalid(
+                    "engine.max_core_instances",
+                    format!(
+                        "{n} is out of range: 1 to {}",
+                        defaults::MAX_CORE_INSTANCES_LIMIT
+                    ),
+                ));
+            }
+        };
         Ok(Config {
             compile_cache,
+            max_core_instances,
             admin: AdminConfig { listen, token },
             aws: AwsConfig {
                 region: raw.aws.region,
@@ -1082,6 +1145,43 @@ start = { at_timestamp = "2026-12-01T00:00:00Z" }
                 .unwrap_err()
                 .contains("subscription[0].batch_window")
         );
+    }
+
+    #[test]
+    fn canary() {
+        let sub =
+            |extra: &str| parse(&format!("{MINIMAL}{extra}")).map(|c| c.subscriptions[0].clone());
+        assert!(sub("").unwrap().canary.is_none());
+        let c = sub("canary = { plugin = \"next.wasm\", key_fraction = 0.1 }\n")
+            .unwrap()
+            .canary
+            .unwrap();
+        assert_eq!(c.plugin, PathBuf::from("next.wasm"));
+        assert_eq!(c.slice.fraction(), 0.1);
+        for bad in ["0", "1.5", "-0.2"] {
+            let err = sub(&format!(
+                "canary = {{ plugin = \"n.wasm\", key_fraction = {bad} }}\n"
+            ))
+            .unwrap_err();
+            assert!(err.contains("subscription[0].canary.key_fraction"), "{err}");
+        }
+        let err = sub("canary = { plugin = \"n.wasm\" }\n").unwrap_err();
+        assert!(err.contains("key_fraction"), "{err}");
+    }
+
+    #[test]
+    fn engine_pool_size() {
+        assert_eq!(
+            parse(MINIMAL).unwrap().max_core_instances,
+            defaults::MAX_CORE_INSTANCES
+        );
+        let with = |n: &str| parse(&format!("[engine]\nmax_core_instances = {n}\n{MINIMAL}"));
+        assert_eq!(with("200").unwrap().max_core_instances, 200);
+        for bad in ["0", "-3", "100000"] {
+            let err = with(bad).unwrap_err();
+            assert!(err.contains("engine.max_core_instances"), "{err}");
+            assert!(err.contains("out of range"), "{err}");
+        }
     }
 
     #[test]

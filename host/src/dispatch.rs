@@ -46,12 +46,18 @@
 //! or at once when `hard_stop` fires (the shutdown timeout): a record cut off
 //! there has not settled, so the checkpoint stays below it.
 //!
+//! # Spans
+//! Every handler call runs in a `process` span (target [`spans::TARGET`])
+//! with OpenTelemetry's messaging fields ([`spans`]), so what a guest logs
+//! during a call carries the call's context.
+//!
 //! The handler is abstract ([`HandlerFactory`]): a Wasm plugin in the
 //! service, a native no-op in the dispatch benchmark.
 
 pub mod batch;
 mod lane;
 pub mod routing;
+pub mod spans;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -4,6 +4,12 @@
 //! subscription, plugin digest, stream, shard, sequence number and partition
 //! key as fields (see [`crate::plugin`]). The level filter is `info` unless
 //! `RUST_LOG` says otherwise.
+//!
+//! Handler calls and GetRecords calls run in spans with OpenTelemetry
+//! messaging fields ([`crate::dispatch::spans`]). In JSON, every line
+//! logged inside one lists them under `spans`; in text, where they would
+//! make every guest line several times longer, they are off unless
+//! `RUST_LOG` turns on their target (`shardlane::otel`).
 
 use tracing_subscriber::EnvFilter;
 
@@ -19,7 +25,11 @@ pub enum LogFormat {
 
 /// Installs the global subscriber. Call once, at start-up.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let default = match format {
+        LogFormat::Text => "info,shardlane::otel=off",
+        LogFormat::Json => "info",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stdout);

@@ -88,7 +88,12 @@ fn validate(config_path: PathBuf) -> anyhow::Result<()> {
     let config = Config::load(&config_path)?;
     let (_, loaded) = shardlane::supervisor::load_plugins(&config)?;
     println!("{}: ok", config_path.display());
-    for (sub, plugin) in loaded {
+    for shardlane::supervisor::LoadedSubscription {
+        config: sub,
+        plugin,
+        canary,
+    } in loaded
+    {
         println!(
             "subscription {}: stream {}, plugin {} ({}, {}), {}",
             sub.name,
@@ -98,6 +103,14 @@ fn validate(config_path: PathBuf) -> anyhow::Result<()> {
             plugin.digest(),
             shardlane::dispatch::mode_label(&sub)
         );
+        if let (Some(candidate), Some(canary)) = (canary, &sub.canary) {
+            println!(
+                "  canary {} ({}) on {} of the keys",
+                canary.plugin.display(),
+                candidate.digest(),
+                canary.slice
+            );
+        }
     }
     Ok(())
 }

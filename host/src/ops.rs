@@ -8,6 +8,14 @@
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /` | a small HTML status page: per subscription its plugin digest and mode, per shard its owner, checkpoint, lag and state, per lane its calls |
 //! | `PUT /subscriptions/{name}/plugin` | swaps the subscription's plugin for the component in the body (admin) |
+//! | `PUT /subscriptions/{name}/canary?key_fraction=F` | starts (or replaces) a canary: the component in the body handles a stable slice F of the keys (admin) |
+//! | `POST /subscriptions/{name}/canary/promote` | the candidate becomes the plugin for every key (admin) |
+//! | `POST /subscriptions/{name}/canary/rollback` | the candidate is dropped; every key goes back to the plugin (admin) |
+//!
+//! Write endpoints answer 200 with a JSON report
+//! (`{"old","new","changed","live_after_ms"}`), 404 for an unknown
+//! subscription, 409 for promote/rollback without a canary, 422 for a
+//! component that cannot be used (the running versions stay).
 //!
 //! It listens on loopback by default (`[admin] listen`). Write endpoints
 //! need `Authorization: Bearer <token>` with the token from `[admin] token`
@@ -26,7 +34,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::swap::PluginSlot;
+use crate::dispatch::routing::KeySlice;
+use crate::swap::{CanaryError, PluginSlot};
 use crate::telemetry::Telemetry;
 
 /// Largest plugin accepted through the admin API (Python and JavaScript
@@ -88,7 +97,8 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
 
 async fn route(state: &OpsState, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_owned();
-    match (req.method(), path.as_str()) {
+    let method = req.method().clone();
+    match (&method, path.as_str()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {
             if state.telemetry.ready() {
@@ -113,24 +123,64 @@ async fn route(state: &OpsState, req: Request<Incoming>) -> Response<Full<Bytes>
             );
             response
         }
-        (&Method::PUT, p) if p.starts_with("/subscriptions/") && p.ends_with("/plugin") => {
-            let name = &p["/subscriptions/".len()..p.len() - "/plugin".len()];
-            put_plugin(state, name.to_owned(), req).await
+        (method, p) if p.starts_with("/subscriptions/") => {
+            let rest = &p["/subscriptions/".len()..];
+            let (name, action) = rest.split_once('/').unwrap_or((rest, ""));
+            let query = req.uri().query().unwrap_or_default().to_owned();
+            match (method, action) {
+                (&Method::PUT, "plugin") => admin(state, name, req, Admin::Swap).await,
+                (&Method::PUT, "canary") => match key_fraction(&query) {
+                    Ok(slice) => admin(state, name, req, Admin::Canary(slice)).await,
+                    Err(message) => text(StatusCode::BAD_REQUEST, message),
+                },
+                (&Method::POST, "canary/promote") => admin(state, name, req, Admin::Promote).await,
+                (&Method::POST, "canary/rollback") => {
+                    admin(state, name, req, Admin::Rollback).await
+                }
+                _ => text(StatusCode::NOT_FOUND, "not found\n"),
+            }
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }
 
-async fn put_plugin(
+/// A write through the admin API.
+enum Admin {
+    /// Swap the plugin for the body.
+    Swap,
+    /// Start a canary with the body on this slice.
+    Canary(KeySlice),
+    /// Promote the canary.
+    Promote,
+    /// Roll the canary back.
+    Rollback,
+}
+
+/// The `key_fraction` query parameter of a canary start.
+fn key_fraction(query: &str) -> Result<KeySlice, String> {
+    let value = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("key_fraction="))
+        .ok_or("key_fraction is required, e.g. ?key_fraction=0.1\n")?;
+    value
+        .parse::<f64>()
+        .ok()
+        .and_then(KeySlice::new)
+        .ok_or_else(|| format!("key_fraction {value:?}: must be a number more than 0 (at least 0.000001), at most 1\n"))
+}
+
+/// The refusal of a write without the admin token; `None` when it carries
+/// the token.
+fn unauthorized(
     state: &OpsState,
-    name: String,
-    req: Request<Incoming>,
-) -> Response<Full<Bytes>> {
+    req: &Request<Incoming>,
+    name: &str,
+) -> Option<Response<Full<Bytes>>> {
     let Some(token) = &state.token else {
-        return text(
+        return Some(text(
             StatusCode::FORBIDDEN,
             "admin writes are off: set [admin] token or SHARDLANE_ADMIN_TOKEN\n",
-        );
+        ));
     };
     let presented = req
         .headers()
@@ -140,32 +190,59 @@ async fn put_plugin(
     if presented != Some(token.as_str()) {
         tracing::warn!(
             subscription = name,
-            "admin: unauthenticated plugin upload refused"
+            path = req.uri().path(),
+            "admin: unauthenticated write refused"
         );
-        return text(
+        return Some(text(
             StatusCode::UNAUTHORIZED,
             "a valid bearer token is required\n",
-        );
+        ));
     }
-    let Some(slot) = state.slots.get(&name) else {
+    None
+}
+
+async fn admin(
+    state: &OpsState,
+    name: &str,
+    req: Request<Incoming>,
+    action: Admin,
+) -> Response<Full<Bytes>> {
+    if let Some(refused) = unauthorized(state, &req, name) {
+        return refused;
+    }
+    let Some(slot) = state.slots.get(name) else {
         return text(
             StatusCode::NOT_FOUND,
             format!("no subscription named {name:?}\n"),
         );
     };
-    let body = match Limited::new(req.into_body(), MAX_PLUGIN_UPLOAD)
-        .collect()
-        .await
-    {
-        Ok(body) => body.to_bytes(),
-        Err(e) => {
-            return text(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("cannot read the upload: {e}\n"),
-            );
+    let upload = match action {
+        Admin::Swap | Admin::Canary(_) => {
+            match Limited::new(req.into_body(), MAX_PLUGIN_UPLOAD)
+                .collect()
+                .await
+            {
+                Ok(body) => body.to_bytes().to_vec(),
+                Err(e) => {
+                    return text(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!("cannot read the upload: {e}\n"),
+                    );
+                }
+            }
         }
+        Admin::Promote | Admin::Rollback => Vec::new(),
     };
-    match slot.swap(body.to_vec(), "admin API").await {
+    let done = match action {
+        Admin::Swap => slot
+            .swap(upload, "admin API")
+            .await
+            .map_err(CanaryError::from),
+        Admin::Canary(slice) => slot.start_canary(upload, slice, "admin API").await,
+        Admin::Promote => slot.promote("admin API").await,
+        Admin::Rollback => slot.rollback("admin API").await,
+    };
+    match done {
         Ok(report) => text(
             StatusCode::OK,
             format!(
@@ -176,7 +253,8 @@ async fn put_plugin(
                 report.live_after.as_millis()
             ),
         ),
-        Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")),
+        Err(e @ CanaryError::NoCanary(_)) => text(StatusCode::CONFLICT, format!("{e}\n")),
+        Err(CanaryError::Plugin(e)) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")),
     }
 }
 
@@ -212,6 +290,18 @@ fn status_page(state: &OpsState) -> String {
             escape(&status.mode),
             n = escape(&name)
         );
+        if let Some(canary) = status
+            .canary
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+        {
+            let _ = write!(
+                html,
+                "<p class=\"canary\">canary <code>{}</code></p>",
+                escape(canary)
+            );
+        }
         html.push_str("<table class=\"shards\"><tr><th>shard</th><th>owner</th><th>checkpoint</th><th>behind (ms)</th><th>state</th></tr>");
         for (shard, s) in status
             .shards

@@ -134,6 +134,18 @@ pub enum PluginError {
         /// The file.
         path: PathBuf,
     },
+    /// The component is larger than the instance pool allows.
+    #[error(
+        "plugin {path}: does not fit the instance pool: {reason} (raise engine.max_core_instances, now {max_core_instances}, for more core instances)"
+    )]
+    PoolLimit {
+        /// The file.
+        path: PathBuf,
+        /// Wasmtime's account of what exceeds which limit.
+        reason: String,
+        /// The configured `engine.max_core_instances`.
+        max_core_instances: u32,
+    },
     /// The component does not compile.
     #[error("plugin {path}: cannot compile it: {reason}")]
     Compile {
@@ -383,6 +395,8 @@ pub struct PluginHost {
     engine: Engine,
     linker: Arc<Linker<HostState>>,
     fuel: bool,
+    /// The pool's `max_core_instances_per_component`, for error messages.
+    max_core_instances: u32,
     cache: Option<Arc<CompileCache>>,
 }
 
@@ -436,13 +450,20 @@ impl PluginHost {
     /// pool's virtual memory).
     ///
     /// `max_memory` is the largest memory any instance may grow to (the
-    /// largest `max_memory` of any subscription); `fuel` turns fuel metering
-    /// on (when any subscription sets `fuel`).
-    pub fn new(max_memory: usize, fuel: bool) -> anyhow::Result<Self> {
+    /// largest `max_memory` of any subscription); `max_core_instances` the
+    /// most core module instances one component may contain
+    /// (`engine.max_core_instances`: a Python guest has 14, Rust and
+    /// JavaScript ones 3), a larger component is refused when it is loaded,
+    /// naming the limit; `fuel` turns fuel metering on (when
+    /// any subscription sets `fuel`).
+    pub fn new(max_memory: usize, max_core_instances: u32, fuel: bool) -> anyhow::Result<Self> {
         let mut pool = PoolingAllocationConfig::default();
+        // Every component instance may hold its full share of core
+        // instances: 1,000 instances of the largest allowed component.
+        let total_core_instances = 1_000u32.saturating_mul(max_core_instances).max(2_000);
         pool.total_component_instances(1_000)
-            .total_core_instances(2_000)
-            .max_core_instances_per_component(64)
+            .total_core_instances(total_core_instances)
+            .max_core_instances_per_component(max_core_instances)
             .total_memories(1_000)
             .total_tables(2_000)
             .max_tables_per_component(64)
@@ -463,6 +484,7 @@ impl PluginHost {
             engine,
             linker: Arc::new(linker),
             fuel,
+            max_core_instances,
             cache: None,
         })
     }
@@ -478,7 +500,7 @@ impl PluginHost {
     /// # Errors
     /// As [`PluginHost::new`].
     pub fn for_checks() -> anyhow::Result<Self> {
-        Self::new(defaults::MAX_MEMORY, false)
+        Self::new(defaults::MAX_MEMORY, defaults::MAX_CORE_INSTANCES, false)
     }
 
     fn compile(&self, path: &Path) -> Result<(Component, PluginDigest), PluginError> {
@@ -526,11 +548,23 @@ impl PluginHost {
                 }
             }
         }
-        let component =
-            Component::from_binary(&self.engine, bytes).map_err(|e| PluginError::Compile {
-                path: path.to_owned(),
-                reason: one_line(&e),
-            })?;
+        let component = Component::from_binary(&self.engine, bytes).map_err(|e| {
+            let reason = one_line(&e);
+            // Wasmtime checks a component against the pool's limits as it
+            // compiles it; say which limit and how to raise it.
+            if reason.contains("pooling allocator") {
+                PluginError::PoolLimit {
+                    path: path.to_owned(),
+                    reason,
+                    max_core_instances: self.max_core_instances,
+                }
+            } else {
+                PluginError::Compile {
+                    path: path.to_owned(),
+                    reason,
+                }
+            }
+        })?;
         let compiled_in = started.elapsed();
         if let Some(entry) = &entry {
             let tmp = entry.with_extension(format!("tmp{}", std::process::id()));

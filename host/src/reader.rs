@@ -24,10 +24,12 @@ use std::time::Duration;
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::backoff::Backoff;
 use crate::channel::{Delivery, DeliverySender, Record};
 use crate::config::{StartPosition, SubscriptionConfig};
+use crate::dispatch::spans;
 use crate::ids::{PartitionKey, SequenceNumber, ShardId};
 use crate::settlement::{Checkpoint, SessionId, SettlementMsg, SettlementSender, Ticket};
 use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry};
@@ -188,10 +190,14 @@ impl ShardReader {
                     }
                 },
             };
+            let span = spans::receive(&self.ctx.subscription, self.shard.as_str());
             let response = tokio::select! {
                 _ = self.cancel.cancelled() => return ReaderExit::Cancelled,
-                r = self.ctx.client.get_records().shard_iterator(&current).limit(self.ctx.subscription.read_limit).send() => r,
+                r = self.ctx.client.get_records().shard_iterator(&current).limit(self.ctx.subscription.read_limit).send().instrument(span.clone()) => r,
             };
+            if let Ok(output) = &response {
+                span.record("messaging.batch.message_count", output.records().len());
+            }
             match response {
                 Ok(output) => {
                     backoff.reset();

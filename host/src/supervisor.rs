@@ -78,7 +78,14 @@ struct Running {
 }
 
 /// A subscription's config with its compiled, checked plugin.
-pub type LoadedSubscription = (Arc<SubscriptionConfig>, Plugin);
+pub struct LoadedSubscription {
+    /// The subscription.
+    pub config: Arc<SubscriptionConfig>,
+    /// Its plugin.
+    pub plugin: Plugin,
+    /// Its canary's candidate, when the config names one.
+    pub canary: Option<Plugin>,
+}
 
 /// Compiles and checks every subscription's plugin against its config,
 /// without reading anything: what `shardlane validate` runs, and the first
@@ -107,7 +114,7 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSu
         },
         None => None,
     };
-    let plugins = PluginHost::new(max_memory, fuel)
+    let plugins = PluginHost::new(max_memory, config.max_core_instances, fuel)
         .context("cannot start the WebAssembly engine")?
         .with_cache(cache);
     let mut loaded = Vec::new();
@@ -137,7 +144,39 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSu
             subscription = %sub.name, plugin = %sub.plugin.display(), digest = %plugin.digest(),
             world = %plugin.world(), mode = ?sub.dispatch, batch = ?sub.batch, "plugin loaded"
         );
-        loaded.push((Arc::new(sub.clone()), plugin));
+        let canary = match &sub.canary {
+            None => None,
+            Some(canary) => {
+                let candidate = plugins
+                    .load(
+                        &canary.plugin,
+                        sub.name.clone(),
+                        sub.handler_timeout,
+                        sub.sandbox.clone(),
+                    )
+                    .with_context(|| format!("subscription[{i}] ({}): canary", sub.name))?;
+                if candidate.world() != plugin.world() {
+                    anyhow::bail!(
+                        "subscription[{i}] ({}): canary.plugin {} implements {}, but plugin {} implements {}: a canary must implement the same world",
+                        sub.name,
+                        canary.plugin.display(),
+                        candidate.world(),
+                        sub.plugin.display(),
+                        plugin.world()
+                    );
+                }
+                tracing::info!(
+                    subscription = %sub.name, plugin = %canary.plugin.display(), digest = %candidate.digest(),
+                    key_fraction = canary.slice.fraction(), "canary loaded"
+                );
+                Some(candidate)
+            }
+        };
+        loaded.push(LoadedSubscription {
+            config: Arc::new(sub.clone()),
+            plugin,
+            canary,
+        });
     }
     Ok((plugins, loaded))
 }
@@ -152,7 +191,7 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSu
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let (plugins, loaded) = load_plugins(&config)?;
     let client = kinesis::client(&config.aws).await;
-    for (i, (sub, _)) in loaded.iter().enumerate() {
+    for (i, sub) in loaded.iter().map(|l| &l.config).enumerate() {
         let context = || format!("subscription[{i}] ({})", sub.name);
         check_stream(&client, &sub.stream, "stream")
             .await
@@ -192,7 +231,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let ops_stop = CancellationToken::new();
     let mut slots = BTreeMap::new();
     let mut running = Vec::new();
-    for (sub, plugin) in loaded {
+    for LoadedSubscription {
+        config: sub,
+        plugin,
+        canary,
+    } in loaded
+    {
         let (deliveries_tx, deliveries_rx) = channel::channel();
         let (settle_tx, settle_rx) = mpsc::channel(SETTLEMENT_QUEUE);
         let (checkpoint_tx, checkpoint_rx) = mpsc::channel(CHECKPOINT_QUEUE);
@@ -211,14 +255,18 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             )),
             _ => None,
         };
-        let slot = Arc::new(PluginSlot::new(
+        let mut slot = PluginSlot::new(
             plugins.clone(),
             plugin,
             sub.handler_timeout,
             sub.sandbox.clone(),
             status.clone(),
             telemetry.clone(),
-        ));
+        );
+        if let (Some(candidate), Some(canary)) = (canary, &sub.canary) {
+            slot = slot.with_canary(candidate, canary.slice);
+        }
+        let slot = Arc::new(slot);
         slots.insert(sub.name.to_string(), slot.clone());
         let fill = telemetry.gauge(
             "shardlane_channel_fill",

@@ -1,6 +1,8 @@
-//! Hot-swap: a subscription's plugin slot, which lanes instantiate from and
-//! which a new plugin version replaces while the service runs.
+//! Hot-swap and canary: a subscription's plugin slot, which lanes
+//! instantiate from and which new plugin versions replace while the service
+//! runs.
 //!
+//! # Swap
 //! A new version arrives from the plugin file changing (watched with
 //! `notify`: editors' in-place writes and `mv`-style atomic replacement
 //! both show up as events on the file's folder; events are debounced, and
@@ -15,10 +17,27 @@
 //! on the old version, later records go to the new one, and the old
 //! instance is dropped. Settlement never sees a swap, so no record is lost
 //! or handled twice because of one.
+//!
+//! # Canary
+//! A canary runs a candidate version beside the stable one: keys in a
+//! stable slice ([`KeySlice`], from `canary.key_fraction` or the admin API)
+//! go to the candidate, all others to the stable version. The choice is per
+//! partition key, so a key stays on one version and, with `by_key`, keeps
+//! its order. Each lane's handler ([`SlotInstance`]) holds one instance of
+//! each version and picks per record; a batch is split into the stable and
+//! the candidate part, each called in order, and the outcomes merged back
+//! into the batch's order. `promote` makes the candidate the stable version,
+//! `rollback` drops it; both, like starting a canary, move the generation on,
+//! so lanes switch at their next boundary exactly as in a swap. While a
+//! canary runs, `shardlane_canary_records_total` counts outcomes per
+//! version, so the two can be compared before deciding.
+//!
+//! Swaps and canary changes live in memory: a restart runs the config's
+//! `plugin` (and `canary`) again.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use notify::event::ModifyKind;
@@ -26,22 +45,24 @@ use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::channel::Record;
 use crate::config::SandboxConfig;
-use crate::dispatch::HandlerFactory;
+use crate::dispatch::routing::KeySlice;
+use crate::dispatch::{Handler, HandlerFactory};
 use crate::ids::{LaneId, SubscriptionName};
-use crate::plugin::{Instance, Plugin, PluginDigest, PluginError, PluginHost};
-use crate::telemetry::{SubscriptionStatus, Telemetry};
+use crate::plugin::{CallError, Instance, Outcome, Plugin, PluginDigest, PluginError, PluginHost};
+use crate::telemetry::{Counter, SubscriptionStatus, Telemetry};
 
 /// Quiet time after the last file event before the file is read: editors
 /// and copies write in several steps.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
-/// What a swap did.
+/// What a swap, or a canary change, did.
 #[derive(Debug, Clone)]
 pub struct SwapReport {
-    /// The version before.
+    /// The version before (for a canary start: the stable version).
     pub old: PluginDigest,
-    /// The version now.
+    /// The version now (for a canary start: the candidate).
     pub new: PluginDigest,
     /// Compile and validation time, until lanes could switch.
     pub live_after: Duration,
@@ -49,17 +70,113 @@ pub struct SwapReport {
     pub changed: bool,
 }
 
-/// The current plugin of a subscription (see the module docs).
+/// Why a canary change was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CanaryError {
+    /// Promote or rollback without a canary.
+    #[error("subscription {0} runs no canary")]
+    NoCanary(SubscriptionName),
+    /// The candidate cannot be used.
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+}
+
+/// Which version handled a record while a canary runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The stable version.
+    Stable,
+    /// The candidate.
+    Candidate,
+}
+
+impl Role {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Stable => "stable",
+            Self::Candidate => "candidate",
+        }
+    }
+}
+
+/// Outcome counters of one version during a canary.
+#[derive(Clone)]
+struct RoleCounters {
+    ack: Counter,
+    retry: Counter,
+    reject: Counter,
+    failed: Counter,
+}
+
+impl RoleCounters {
+    fn new(telemetry: &Telemetry, sub: &str, role: Role) -> Self {
+        let counter = |outcome: &str| {
+            telemetry.counter(
+                "shardlane_canary_records_total",
+                "Records handled while a canary runs, by version (stable or candidate) and outcome (failed: trap, timeout or guest error).",
+                &[("subscription", sub), ("version", role.label()), ("outcome", outcome)],
+            )
+        };
+        Self {
+            ack: counter("ack"),
+            retry: counter("retry"),
+            reject: counter("reject"),
+            failed: counter("failed"),
+        }
+    }
+
+    fn count(&self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Ack => self.ack.inc(),
+            Outcome::Retry(_) => self.retry.inc(),
+            Outcome::Reject(_) => self.reject.inc(),
+        }
+    }
+
+    fn count_one(&self, result: &Result<Outcome, CallError>) {
+        match result {
+            Ok(outcome) => self.count(outcome),
+            Err(_) => self.failed.inc(),
+        }
+    }
+
+    fn count_batch(&self, result: &Result<Vec<Outcome>, CallError>, len: usize) {
+        match result {
+            Ok(outcomes) => outcomes.iter().for_each(|o| self.count(o)),
+            Err(_) => self.failed.add(len as u64),
+        }
+    }
+}
+
+/// A candidate version and the keys it handles.
+#[derive(Clone)]
+struct Canary {
+    plugin: Arc<Plugin>,
+    slice: KeySlice,
+    stable_counts: RoleCounters,
+    candidate_counts: RoleCounters,
+}
+
+/// What lanes instantiate from.
+#[derive(Clone)]
+struct Versions {
+    stable: Arc<Plugin>,
+    canary: Option<Canary>,
+}
+
+/// The current plugin versions of a subscription (see the module docs).
 pub struct PluginSlot {
     host: PluginHost,
     path: PathBuf,
     subscription: SubscriptionName,
     handler_timeout: Duration,
     sandbox: SandboxConfig,
-    current: RwLock<Arc<Plugin>>,
+    versions: RwLock<Versions>,
     generation: AtomicU64,
-    /// Serializes swaps; held while one compiles, never on the hot path.
+    /// Serializes changes; held while one compiles, never on the hot path.
     swapping: tokio::sync::Mutex<()>,
+    /// The `shardlane_plugin_info` series published, to forget on change.
+    published: Mutex<Vec<(String, &'static str)>>,
     status: Arc<SubscriptionStatus>,
     telemetry: Arc<Telemetry>,
 }
@@ -80,48 +197,141 @@ impl PluginSlot {
             subscription: plugin.subscription().clone(),
             handler_timeout,
             sandbox,
-            current: RwLock::new(Arc::new(plugin)),
+            versions: RwLock::new(Versions {
+                stable: Arc::new(plugin),
+                canary: None,
+            }),
             generation: AtomicU64::new(0),
             swapping: tokio::sync::Mutex::new(()),
+            published: Mutex::new(Vec::new()),
             status,
             telemetry,
         };
-        slot.publish(None);
+        slot.publish();
         slot
     }
 
-    /// The running version.
-    pub fn current(&self) -> Arc<Plugin> {
-        self.current
+    /// Starts with `candidate` handling the keys in `slice` (the config's
+    /// `canary`).
+    pub fn with_canary(self, candidate: Plugin, slice: KeySlice) -> Self {
+        self.install_canary(Arc::new(candidate), slice);
+        self
+    }
+
+    fn versions(&self) -> Versions {
+        self.versions
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 
-    fn publish(&self, old: Option<&PluginDigest>) {
-        let plugin = self.current();
-        let sub = self.subscription.as_str();
-        if let Some(old) = old {
-            self.telemetry.forget_series(
-                "shardlane_plugin_info",
-                &[("subscription", sub), ("digest", &old.to_string())],
-            );
-        }
-        self.telemetry
-            .gauge(
-                "shardlane_plugin_info",
-                "The plugin version each subscription runs (value 1).",
-                &[
-                    ("subscription", sub),
-                    ("digest", &plugin.digest().to_string()),
-                ],
-            )
-            .set(1);
-        *self.status.digest.lock().unwrap_or_else(|e| e.into_inner()) = plugin.digest().to_string();
+    /// Replaces the versions and moves the generation on: lanes switch at
+    /// their next boundary.
+    fn install(&self, versions: Versions) {
+        *self.versions.write().unwrap_or_else(|e| e.into_inner()) = versions;
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.publish();
     }
 
-    /// Compiles, validates and installs a new version from `bytes`;
-    /// `origin` says where it came from, for the logs.
+    fn install_canary(&self, plugin: Arc<Plugin>, slice: KeySlice) {
+        let sub = self.subscription.as_str();
+        let canary = Canary {
+            plugin,
+            slice,
+            stable_counts: RoleCounters::new(&self.telemetry, sub, Role::Stable),
+            candidate_counts: RoleCounters::new(&self.telemetry, sub, Role::Candidate),
+        };
+        let stable = self.versions().stable;
+        self.install(Versions {
+            stable,
+            canary: Some(canary),
+        });
+    }
+
+    /// The stable version.
+    pub fn current(&self) -> Arc<Plugin> {
+        self.versions().stable
+    }
+
+    /// The candidate's digest and slice, while a canary runs.
+    pub fn canary(&self) -> Option<(PluginDigest, KeySlice)> {
+        self.versions()
+            .canary
+            .map(|c| (c.plugin.digest().clone(), c.slice))
+    }
+
+    /// Publishes the running versions to `/metrics` and the status page.
+    fn publish(&self) {
+        let versions = self.versions();
+        let sub = self.subscription.as_str();
+        let mut now = vec![(versions.stable.digest().to_string(), "stable")];
+        if let Some(c) = &versions.canary {
+            now.push((c.plugin.digest().to_string(), "candidate"));
+        }
+        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        for (digest, role) in published.iter() {
+            self.telemetry.forget_series(
+                "shardlane_plugin_info",
+                &[("subscription", sub), ("digest", digest), ("role", role)],
+            );
+        }
+        for (digest, role) in &now {
+            self.telemetry
+                .gauge(
+                    "shardlane_plugin_info",
+                    "The plugin versions each subscription runs (value 1); role candidate while a canary runs.",
+                    &[("subscription", sub), ("digest", digest), ("role", role)],
+                )
+                .set(1);
+        }
+        *published = now;
+        *self.status.digest.lock().unwrap_or_else(|e| e.into_inner()) =
+            versions.stable.digest().to_string();
+        *self.status.canary.lock().unwrap_or_else(|e| e.into_inner()) = versions
+            .canary
+            .as_ref()
+            .map(|c| format!("{} on {} of the keys", c.plugin.digest(), c.slice));
+    }
+
+    /// Compiles and validates `bytes` off the hot path: a component of the
+    /// stable version's world, every import provided.
+    async fn compile(&self, bytes: Vec<u8>, origin: &str) -> Result<Plugin, PluginError> {
+        let stable = self.current();
+        let host = self.host.clone();
+        let (path, sub, timeout, sandbox) = (
+            self.path.clone(),
+            self.subscription.clone(),
+            self.handler_timeout,
+            self.sandbox.clone(),
+        );
+        let loaded = tokio::task::spawn_blocking(move || {
+            host.load_bytes(&path, &bytes, sub, timeout, sandbox)
+        })
+        .await
+        .map_err(|e| PluginError::Compile {
+            path: self.path.clone(),
+            reason: format!("compilation task failed: {e}"),
+        })?;
+        let new = match loaded {
+            Ok(new) if new.world() != stable.world() => Err(PluginError::Link {
+                path: self.path.clone(),
+                reason: format!(
+                    "the new version implements {}, the running one {}: a swap cannot change the world",
+                    new.world(),
+                    stable.world()
+                ),
+            }),
+            other => other,
+        };
+        if let Err(e) = &new {
+            tracing::error!(subscription = %self.subscription, origin, error = %e, running = stable.digest().short(), "new plugin version refused; the running version stays");
+        }
+        new
+    }
+
+    /// Compiles, validates and installs a new stable version from `bytes`;
+    /// `origin` says where it came from, for the logs. A running canary
+    /// stays.
     ///
     /// # Errors
     /// A [`PluginError`] naming the file and reason; the running version
@@ -139,43 +349,13 @@ impl PluginSlot {
                 changed: false,
             });
         }
-        let host = self.host.clone();
-        let (path, sub, timeout, sandbox) = (
-            self.path.clone(),
-            self.subscription.clone(),
-            self.handler_timeout,
-            self.sandbox.clone(),
-        );
-        let loaded = tokio::task::spawn_blocking(move || {
-            host.load_bytes(&path, &bytes, sub, timeout, sandbox)
-        })
-        .await
-        .map_err(|e| PluginError::Compile {
-            path: self.path.clone(),
-            reason: format!("compilation task failed: {e}"),
-        })?;
-        let new = match loaded {
-            Ok(new) if new.world() != old.world() => Err(PluginError::Link {
-                path: self.path.clone(),
-                reason: format!(
-                    "the new version implements {}, the running one {}: a swap cannot change the world",
-                    new.world(),
-                    old.world()
-                ),
-            }),
-            other => other,
-        };
-        let new = match new {
-            Ok(new) => new,
-            Err(e) => {
-                tracing::error!(subscription = %self.subscription, origin, error = %e, running = old.digest().short(), "new plugin version refused; the running version stays");
-                return Err(e);
-            }
-        };
+        let new = Arc::new(self.compile(bytes, origin).await?);
         let new_digest = new.digest().clone();
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
-        self.generation.fetch_add(1, Ordering::SeqCst);
-        self.publish(Some(old.digest()));
+        let canary = self.versions().canary;
+        self.install(Versions {
+            stable: new,
+            canary,
+        });
         let live_after = started.elapsed();
         tracing::info!(
             subscription = %self.subscription, origin, old = %old.digest(), new = %new_digest,
@@ -187,6 +367,83 @@ impl PluginSlot {
             new: new_digest,
             live_after,
             changed: true,
+        })
+    }
+
+    /// Starts (or replaces) a canary: the component in `bytes` handles the
+    /// keys in `slice` from each lane's next boundary on.
+    ///
+    /// # Errors
+    /// A [`PluginError`] naming the reason; nothing changes.
+    pub async fn start_canary(
+        &self,
+        bytes: Vec<u8>,
+        slice: KeySlice,
+        origin: &str,
+    ) -> Result<SwapReport, CanaryError> {
+        let _one_at_a_time = self.swapping.lock().await;
+        let started = Instant::now();
+        let stable = self.current();
+        let candidate = Arc::new(self.compile(bytes, origin).await?);
+        let new = candidate.digest().clone();
+        self.install_canary(candidate, slice);
+        let live_after = started.elapsed();
+        tracing::info!(
+            subscription = %self.subscription, origin, stable = %stable.digest(), candidate = %new,
+            key_fraction = slice.fraction(), live_after_ms = live_after.as_millis() as u64,
+            "canary started: keys in the slice go to the candidate from each lane's next record or batch"
+        );
+        Ok(SwapReport {
+            old: stable.digest().clone(),
+            new,
+            live_after,
+            changed: true,
+        })
+    }
+
+    /// Makes the candidate the stable version for every key.
+    ///
+    /// # Errors
+    /// [`CanaryError::NoCanary`] when none runs.
+    pub async fn promote(&self, origin: &str) -> Result<SwapReport, CanaryError> {
+        self.end_canary(origin, Role::Candidate).await
+    }
+
+    /// Drops the candidate: every key goes back to the stable version.
+    ///
+    /// # Errors
+    /// [`CanaryError::NoCanary`] when none runs.
+    pub async fn rollback(&self, origin: &str) -> Result<SwapReport, CanaryError> {
+        self.end_canary(origin, Role::Stable).await
+    }
+
+    async fn end_canary(&self, origin: &str, keep: Role) -> Result<SwapReport, CanaryError> {
+        let _one_at_a_time = self.swapping.lock().await;
+        let started = Instant::now();
+        let versions = self.versions();
+        let Some(canary) = versions.canary else {
+            return Err(CanaryError::NoCanary(self.subscription.clone()));
+        };
+        let old = versions.stable.digest().clone();
+        let stable = match keep {
+            Role::Candidate => canary.plugin,
+            Role::Stable => versions.stable,
+        };
+        let new = stable.digest().clone();
+        self.install(Versions {
+            stable,
+            canary: None,
+        });
+        let verb = match keep {
+            Role::Candidate => "canary promoted: every key goes to the candidate",
+            Role::Stable => "canary rolled back: every key goes to the stable version",
+        };
+        tracing::info!(subscription = %self.subscription, origin, old = %old, new = %new, "{verb}");
+        Ok(SwapReport {
+            changed: old != new,
+            old,
+            new,
+            live_after: started.elapsed(),
         })
     }
 
@@ -264,12 +521,100 @@ fn folder_of(path: &Path) -> PathBuf {
     }
 }
 
-impl HandlerFactory for PluginSlot {
-    type Handler = Instance;
+/// A lane's handler: an instance of the stable version and, while a
+/// canary runs, one of the candidate, picked per record by partition key
+/// (see "Canary" in the module docs).
+pub struct SlotInstance {
+    stable: Instance,
+    canary: Option<CanaryInstance>,
+}
 
-    async fn create(&self, lane: LaneId) -> Result<Instance, PluginError> {
-        let plugin = self.current();
-        plugin.instantiate(lane).await
+struct CanaryInstance {
+    instance: Instance,
+    slice: KeySlice,
+    stable_counts: RoleCounters,
+    candidate_counts: RoleCounters,
+}
+
+impl SlotInstance {
+    /// Which version handles `record`.
+    pub fn role_for(&self, record: &Record) -> Role {
+        match &self.canary {
+            Some(c) if c.slice.contains(&record.partition_key) => Role::Candidate,
+            _ => Role::Stable,
+        }
+    }
+}
+
+impl Handler for SlotInstance {
+    async fn handle(&mut self, record: &Arc<Record>, attempt: u32) -> Result<Outcome, CallError> {
+        let role = self.role_for(record);
+        let Some(canary) = &mut self.canary else {
+            return self.stable.handle(record, attempt).await;
+        };
+        let (instance, counts) = match role {
+            Role::Candidate => (&mut canary.instance, &canary.candidate_counts),
+            Role::Stable => (&mut self.stable, &canary.stable_counts),
+        };
+        let result = instance.handle(record, attempt).await;
+        counts.count_one(&result);
+        result
+    }
+
+    async fn handle_batch(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+    ) -> Result<Vec<Outcome>, CallError> {
+        let Some(canary) = &mut self.canary else {
+            return self.stable.handle_batch(records).await;
+        };
+        let (to_candidate, to_stable): (Vec<usize>, Vec<usize>) =
+            (0..records.len()).partition(|&i| canary.slice.contains(&records[i].0.partition_key));
+        let part = |indices: &[usize]| -> Vec<(Arc<Record>, u32)> {
+            indices.iter().map(|&i| records[i].clone()).collect()
+        };
+        let mut merged = Vec::with_capacity(records.len());
+        if !to_stable.is_empty() {
+            let result = if to_candidate.is_empty() {
+                self.stable.handle_batch(records).await
+            } else {
+                self.stable.handle_batch(&part(&to_stable)).await
+            };
+            canary.stable_counts.count_batch(&result, to_stable.len());
+            merged.extend(to_stable.iter().copied().zip(result?));
+        }
+        if !to_candidate.is_empty() {
+            let result = if to_stable.is_empty() {
+                canary.instance.handle_batch(records).await
+            } else {
+                canary.instance.handle_batch(&part(&to_candidate)).await
+            };
+            canary
+                .candidate_counts
+                .count_batch(&result, to_candidate.len());
+            merged.extend(to_candidate.iter().copied().zip(result?));
+        }
+        merged.sort_unstable_by_key(|(i, _)| *i);
+        Ok(merged.into_iter().map(|(_, outcome)| outcome).collect())
+    }
+}
+
+impl HandlerFactory for PluginSlot {
+    type Handler = SlotInstance;
+
+    async fn create(&self, lane: LaneId) -> Result<SlotInstance, PluginError> {
+        let versions = self.versions();
+        let stable = versions.stable.instantiate(lane).await?;
+        let canary = match versions.canary {
+            None => None,
+            Some(c) => Some(CanaryInstance {
+                instance: c.plugin.instantiate(lane).await?,
+                slice: c.slice,
+                stable_counts: c.stable_counts,
+                candidate_counts: c.candidate_counts,
+            }),
+        };
+        Ok(SlotInstance { stable, canary })
     }
 
     fn generation(&self) -> u64 {

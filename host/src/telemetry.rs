@@ -136,8 +136,10 @@ pub struct ShardStatus {
 /// A subscription as the status page and `/readyz` see it.
 #[derive(Debug, Default)]
 pub struct SubscriptionStatus {
-    /// The plugin's current digest.
+    /// The plugin's current (stable) digest.
     pub digest: Mutex<String>,
+    /// The canary's candidate digest and key fraction, while one runs.
+    pub canary: Mutex<Option<String>>,
     /// Sequential, workers(n), by_key(n), with batches.
     pub mode: String,
     /// Shards by id.

@@ -431,3 +431,286 @@ async fn compiled_components_are_cached_across_starts() {
     let entries = std::fs::read_dir(cache.path()).unwrap().count();
     assert_eq!(entries, 1, "one entry for one component and engine");
 }
+
+/// (version, data number, partition key) of every handled record in log
+/// order (versions as in [`handled`]).
+fn handled_by_key(lines: &[LogLine]) -> Vec<(u8, u64, String)> {
+    lines
+        .iter()
+        .filter(|l| field(l, "target") == "guest")
+        .filter_map(|l| {
+            let m = field(l, "message");
+            let version = if m.starts_with("handled data=") {
+                1
+            } else if m.starts_with("echo ") {
+                2
+            } else {
+                return None;
+            };
+            let data = handled(std::slice::from_ref(l)).pop()?.1;
+            let n = data.trim_start_matches('r').parse().ok()?;
+            Some((version, n, field(l, "partition_key").to_owned()))
+        })
+        .collect()
+}
+
+/// Index of the first log line whose message starts with `prefix`.
+fn position(lines: &[LogLine], prefix: &str) -> usize {
+    lines
+        .iter()
+        .position(|l| field(l, "message").starts_with(prefix))
+        .unwrap_or_else(|| panic!("no log line {prefix:?}"))
+}
+
+/// Per key, in `handled` (log order): the version switches from `from` to
+/// `to` at most once, never back.
+fn switches_once(handled: &[(u8, u64, String)], from: u8, to: u8, window: &str) {
+    let mut seen_to: HashMap<&str, bool> = HashMap::new();
+    for (version, n, key) in handled {
+        let switched = seen_to.entry(key.as_str()).or_default();
+        if *version == to {
+            *switched = true;
+        } else {
+            assert!(
+                *version == from && !*switched,
+                "{window}: key {key} went back to v{version} at r{n}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_canary_keeps_its_keys_and_rolls_back_and_promotes_without_loss() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let stream = unique_name("canary");
+    kinesis.create_stream(&stream, 2).await.unwrap();
+    // Stable: the retry guest (v1); candidate: echo (v2).
+    let cfg = config(
+        "canary",
+        &stream,
+        &guests.retry,
+        &format!(
+            "start = \"trim_horizon\"\nworkers = 3\nby_key = true\ncanary = {{ plugin = \"{}\", key_fraction = 0.3 }}",
+            guests.echo.display()
+        ),
+    )
+    .replace(
+        "[admin]\nlisten = \"127.0.0.1:0\"",
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret\"",
+    );
+    let slice = shardlane::dispatch::routing::KeySlice::new(0.3).unwrap();
+    let in_slice = |key: &str| slice.contains(&shardlane::ids::PartitionKey::from(key));
+    let keys: Vec<String> = (0..12).map(|i| format!("key-{i}")).collect();
+    assert!(
+        keys.iter().any(|k| in_slice(k)) && keys.iter().any(|k| !in_slice(k)),
+        "the producer's keys fall on both sides of the slice"
+    );
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    let (stop, producer) = producer(&kinesis, &stream);
+    host.wait_for("both versions at work", Duration::from_secs(60), |lines| {
+        handled(lines).len() >= 150
+    })
+    .await
+    .unwrap();
+    let addr = admin_addr(&host);
+
+    // While the canary runs, keys in the slice only ever see the candidate.
+    let during = handled_by_key(&host.lines());
+    for (version, n, key) in &during {
+        let want = if in_slice(key) { 2 } else { 1 };
+        assert_eq!(*version, want, "r{n} of {key} ran on v{version}");
+    }
+    let (status, metrics) = http(&addr, "GET", "/metrics", None, b"");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("shardlane_canary_records_total{subscription=\"canary\",version=\"candidate\",outcome=\"ack\"}")
+            && metrics.contains("role=\"candidate\"} 1"),
+        "{metrics}"
+    );
+
+    // Rollback: a token is needed; then every key returns to v1.
+    let rollback = "/subscriptions/canary/canary/rollback";
+    assert_eq!(http(&addr, "POST", rollback, None, b"").0, 401);
+    let (status, body) = http(&addr, "POST", rollback, Some("s3cret"), b"");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = http(&addr, "POST", rollback, Some("s3cret"), b"");
+    assert_eq!(status, 409, "no canary left: {body}");
+    let seen = handled(&host.lines()).len();
+    host.wait_for("after the rollback", Duration::from_secs(30), |lines| {
+        handled(lines).len() >= seen + 100
+    })
+    .await
+    .unwrap();
+
+    // A canary through the API, on half the keys, then promoted.
+    let echo = std::fs::read(&guests.echo).unwrap();
+    let canary = "/subscriptions/canary/canary?key_fraction=0.5";
+    let (status, body) = http(
+        &addr,
+        "PUT",
+        "/subscriptions/canary/canary",
+        Some("s3cret"),
+        &echo,
+    );
+    assert_eq!(status, 400, "key_fraction is required: {body}");
+    let (status, body) = http(&addr, "PUT", canary, Some("s3cret"), b"not wasm");
+    assert_eq!(status, 422, "{body}");
+    let (status, body) = http(&addr, "PUT", canary, Some("s3cret"), &echo);
+    assert_eq!(status, 200, "{body}");
+    let seen = handled(&host.lines()).len();
+    host.wait_for("the second canary", Duration::from_secs(30), |lines| {
+        handled(lines).len() >= seen + 60
+    })
+    .await
+    .unwrap();
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/subscriptions/canary/canary/promote",
+        Some("s3cret"),
+        b"",
+    );
+    assert_eq!(status, 200, "{body}");
+    let seen = handled(&host.lines()).len();
+    host.wait_for("after the promotion", Duration::from_secs(30), |lines| {
+        handled(lines).len() >= seen + 100
+    })
+    .await
+    .unwrap();
+
+    stop.store(true, Ordering::SeqCst);
+    let put = producer.await.unwrap();
+    host.wait_for("everything handled", Duration::from_secs(60), |lines| {
+        handled(lines).len() >= put.len()
+    })
+    .await
+    .unwrap();
+    assert!(host.terminate().await.unwrap().success());
+    let lines = host.lines();
+
+    // Nothing lost, nothing twice, every key in order throughout.
+    let all = handled_by_key(&lines);
+    let mut count: HashMap<u64, usize> = HashMap::new();
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for (_, n, key) in &all {
+        *count.entry(*n).or_default() += 1;
+        let previous = last.insert(key.as_str(), *n).unwrap_or(0);
+        assert!(previous < *n, "{key}: r{n} after r{previous}");
+    }
+    for data in &put {
+        let n: u64 = data[1..].parse().unwrap();
+        assert_eq!(count.get(&n), Some(&1), "{data} handled exactly once");
+    }
+
+    // Between rollback and the second canary: keys only move back to v1.
+    let rolled_back = position(&lines, "canary rolled back");
+    let second = position(&lines, "canary started");
+    let promoted = position(&lines, "canary promoted");
+    let window = handled_by_key(&lines[rolled_back..second]);
+    switches_once(&window, 2, 1, "rollback");
+    assert!(
+        window.iter().any(|(v, _, k)| *v == 1 && in_slice(k)),
+        "keys of the slice returned to the stable version"
+    );
+    // After the promotion: keys only move on to v2, and all end there.
+    let after = handled_by_key(&lines[promoted..]);
+    switches_once(&after, 1, 2, "promotion");
+    let mut final_version: HashMap<&str, u8> = HashMap::new();
+    for (version, _, key) in &after {
+        final_version.insert(key.as_str(), *version);
+    }
+    assert!(
+        final_version.values().all(|&v| v == 2),
+        "every key ends on the promoted version: {final_version:?}"
+    );
+}
+
+/// The innermost span of a JSON log line, when it has one.
+fn innermost_span(line: &LogLine) -> Option<&serde_json::Value> {
+    line["spans"].as_array().and_then(|spans| spans.last())
+}
+
+/// Guest lines logged during a handler call carry the call's span, with
+/// OpenTelemetry's messaging fields (JSON logs list the spans of a line).
+#[tokio::test(flavor = "multi_thread")]
+async fn handler_calls_run_in_spans_with_opentelemetry_messaging_fields() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let stream = unique_name("spans");
+    kinesis.create_stream(&stream, 2).await.unwrap();
+    let records: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| (format!("k{i}"), format!("r{i}").into_bytes()))
+        .collect();
+    kinesis.put_records(&stream, &records).await.unwrap();
+    let cfg = format!(
+        "{}\n[[subscription]]\nname = \"spans-batch\"\nstream = \"{stream}\"\nplugin = \"{}\"\nstart = \"trim_horizon\"\nbatch_size = 5\npoll_idle = \"50ms\"\nlog_rate = 1000000\n",
+        config(
+            "spans",
+            &stream,
+            &guests.echo,
+            "start = \"trim_horizon\"\nworkers = 2\nby_key = true"
+        ),
+        guests.batch.display()
+    );
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    let guest_lines = |lines: &[LogLine], sub: &str, prefix: &str| -> Vec<LogLine> {
+        lines
+            .iter()
+            .filter(|l| {
+                field(l, "target") == "guest"
+                    && field(l, "subscription") == sub
+                    && field(l, "message").starts_with(prefix)
+            })
+            .cloned()
+            .collect()
+    };
+    host.wait_for("both subscriptions done", Duration::from_secs(60), |lines| {
+        guest_lines(lines, "spans", "echo").len() >= 20
+            && guest_lines(lines, "spans-batch", "item").len() >= 20
+    })
+    .await
+    .unwrap();
+    assert!(host.terminate().await.unwrap().success());
+    let lines = host.lines();
+
+    // handle: one `process` span per record, naming the message.
+    for line in guest_lines(&lines, "spans", "echo") {
+        let span = innermost_span(&line).unwrap_or_else(|| panic!("no span: {line}"));
+        assert_eq!(span["name"], "process", "{line}");
+        assert_eq!(span["otel.kind"], "consumer", "{line}");
+        assert_eq!(span["otel.name"], format!("process {stream}"), "{line}");
+        assert_eq!(span["messaging.system"], "aws_kinesis", "{line}");
+        assert_eq!(span["messaging.operation.type"], "process", "{line}");
+        assert_eq!(span["messaging.operation.name"], "handle", "{line}");
+        assert_eq!(span["messaging.destination.name"], stream.as_str(), "{line}");
+        assert_eq!(
+            span["messaging.destination.partition.id"],
+            field(&line, "shard_id"),
+            "{line}"
+        );
+        assert_eq!(
+            span["messaging.message.id"],
+            field(&line, "sequence_number"),
+            "{line}"
+        );
+        assert_eq!(span["messaging.consumer.group.name"], "spans", "{line}");
+        assert_eq!(span["attempt"], 1, "{line}");
+    }
+
+    // handle-batch: one span per batch, with its size.
+    let batches = guest_lines(&lines, "spans-batch", "batch size=");
+    assert!(!batches.is_empty());
+    let mut counted = 0;
+    for line in &batches {
+        let span = innermost_span(line).unwrap_or_else(|| panic!("no span: {line}"));
+        let size: u64 = field(line, "message")["batch size=".len()..].parse().unwrap();
+        assert_eq!(span["name"], "process", "{line}");
+        assert_eq!(span["messaging.operation.name"], "handle-batch", "{line}");
+        assert_eq!(span["messaging.batch.message_count"], size, "{line}");
+        assert_eq!(span["messaging.consumer.group.name"], "spans-batch", "{line}");
+        assert_eq!(span["messaging.destination.name"], stream.as_str(), "{line}");
+        counted += size;
+    }
+    assert_eq!(counted, 20, "the batch spans account for every record");
+}

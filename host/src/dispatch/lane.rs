@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::batch::BatchCollector;
-use super::{Handler, HandlerFactory};
+use super::{Handler, HandlerFactory, spans};
 use crate::backoff::Backoff;
 use crate::channel::{Delivery, DeliveryReceiver, Record};
 use crate::config::SubscriptionConfig;
@@ -303,13 +304,14 @@ impl<F: HandlerFactory> Lane<F> {
         let mut backoff = self.backoff();
         let mut attempt: u32 = 1;
         loop {
+            let span = spans::process(&self.subscription, self.id, &record, attempt);
             let Some(handler) = self.handler(&mut backoff, hard_stop).await else {
                 return false;
             };
             let started = std::time::Instant::now();
             let result = tokio::select! {
                 _ = hard_stop.cancelled() => return false,
-                r = handler.handle(&record, attempt) => r,
+                r = handler.handle(&record, attempt).instrument(span) => r,
             };
             self.metrics.duration.observe_duration(started.elapsed());
             self.metrics.calls.inc();
@@ -430,15 +432,16 @@ impl<F: HandlerFactory> Lane<F> {
         let mut args: Vec<(Arc<Record>, u32)> = Vec::new();
         while let Some(mut group) = groups.pop_front() {
             while !group.is_empty() {
+                args.clear();
+                args.extend(group.iter().map(|i| (i.record.clone(), i.attempt)));
+                let span = spans::process_batch(&self.subscription, self.id, &args);
                 let Some(handler) = self.handler(&mut backoff, hard_stop).await else {
                     return false;
                 };
-                args.clear();
-                args.extend(group.iter().map(|i| (i.record.clone(), i.attempt)));
                 let started = std::time::Instant::now();
                 let result = tokio::select! {
                     _ = hard_stop.cancelled() => return false,
-                    r = handler.handle_batch(&args) => r,
+                    r = handler.handle_batch(&args).instrument(span) => r,
                 };
                 self.metrics.duration.observe_duration(started.elapsed());
                 self.metrics.batch_size.observe(args.len() as f64);

@@ -6,7 +6,9 @@
 //!   port and gives an SDK client for it. It fails loudly, with the
 //!   emulator's own output, when it cannot start: tests never skip.
 //! - [`guests`] builds the Rust example plugins and the test fixture plugins
-//!   for `wasm32-wasip2` (adding the target when missing), once per process.
+//!   for `wasm32-wasip2` (adding the target when missing), once per process;
+//!   [`build_examples`] builds one language's examples (Rust, Python,
+//!   JavaScript, C) with that language's own `build.sh`.
 //! - [`HostProcess`] runs the `shardlane` binary on a config, collects its
 //!   JSON log lines, lets a test wait for a condition with a deadline, and
 //!   stops it with SIGTERM.
@@ -515,6 +517,92 @@ pub mod guests {
             importer: out.join("importer.wasm"),
         })
     }
+}
+
+/// The languages the guest examples are written in
+/// (`guest-examples/<dir>/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Language {
+    /// `cargo` + `wit-bindgen`.
+    Rust,
+    /// `componentize-py`.
+    Python,
+    /// `componentize-js`.
+    JavaScript,
+    /// `wit-bindgen c` + clang + `wasm-component-ld`.
+    C,
+}
+
+impl Language {
+    /// Every language, in the order the README lists them.
+    pub const ALL: [Language; 4] = [Self::Rust, Self::Python, Self::JavaScript, Self::C];
+
+    /// Its folder under `guest-examples/`.
+    pub fn dir(self) -> &'static str {
+        match self {
+            Self::Rust => "rust",
+            Self::Python => "python",
+            Self::JavaScript => "js",
+            Self::C => "c",
+        }
+    }
+}
+
+/// One language's three examples, built.
+#[derive(Debug, Clone)]
+pub struct Examples {
+    /// `echo/dist/echo.wasm`: a record-handler that logs and acks.
+    pub echo: PathBuf,
+    /// `batch-sum/dist/batch-sum.wasm`: a batch-handler summing amounts.
+    pub batch_sum: PathBuf,
+    /// `poison/dist/poison.wasm`: retries, rejects or acks by the data.
+    pub poison: PathBuf,
+}
+
+/// Builds `lang`'s examples with `guest-examples/<lang>/build.sh`, once per
+/// process. A missing toolchain fails the build (and with it the test): the
+/// conformance suite never skips a language.
+///
+/// # Errors
+/// When the build script fails, with its output.
+pub fn build_examples(lang: Language) -> anyhow::Result<Examples> {
+    static BUILT: [OnceLock<Result<Examples, String>>; 4] = [
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+    ];
+    let index = Language::ALL.iter().position(|l| *l == lang).unwrap_or(0);
+    BUILT[index]
+        .get_or_init(|| {
+            let root = repo_root();
+            let dir = root.join("guest-examples").join(lang.dir());
+            let mut cmd = Command::new("bash");
+            cmd.arg(dir.join("build.sh"))
+                .env_remove("CARGO_TARGET_DIR")
+                .env_remove("RUSTFLAGS");
+            if lang == Language::Rust {
+                // Shares the fixture guests' target folder.
+                cmd.env("CARGO_TARGET_DIR", root.join("target/guests"));
+            }
+            run_checked(
+                &mut cmd,
+                &format!("building the {} guest examples", lang.dir()),
+            )
+            .map_err(|e| format!("{e:#}"))?;
+            let built = |example: &str| {
+                dir.join(example)
+                    .join("dist")
+                    .join(format!("{example}.wasm"))
+            };
+            Ok(Examples {
+                echo: built("echo"),
+                batch_sum: built("batch-sum"),
+                poison: built("poison"),
+            })
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
 }
 
 /// One log line of a host process, parsed from its JSON output.
