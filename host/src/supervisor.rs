@@ -119,14 +119,16 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSu
         .with_cache(cache);
     let mut loaded = Vec::new();
     for (i, sub) in config.subscriptions.iter().enumerate() {
-        let plugin = plugins
-            .load(
-                &sub.plugin,
+        let load = |path: &std::path::Path| {
+            plugins.load(
+                path,
                 sub.name.clone(),
                 sub.handler_timeout,
                 sub.sandbox.clone(),
             )
-            .with_context(|| format!("subscription[{i}] ({})", sub.name))?;
+        };
+        let plugin =
+            load(&sub.plugin).with_context(|| format!("subscription[{i}] ({})", sub.name))?;
         match (plugin.world(), sub.batch) {
             (World::BatchHandler, None) => anyhow::bail!(
                 "subscription[{i}] ({}): plugin {} implements batch-handler (exports `handle-batch`): set `batch_size` for it",
@@ -147,13 +149,7 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSu
         let canary = match &sub.canary {
             None => None,
             Some(canary) => {
-                let candidate = plugins
-                    .load(
-                        &canary.plugin,
-                        sub.name.clone(),
-                        sub.handler_timeout,
-                        sub.sandbox.clone(),
-                    )
+                let candidate = load(&canary.plugin)
                     .with_context(|| format!("subscription[{i}] ({}): canary", sub.name))?;
                 if candidate.world() != plugin.world() {
                     anyhow::bail!(

@@ -143,6 +143,35 @@ fn check_exactly_once_and_switch_per_lane(put: &[String], lines: &[LogLine]) {
     }
 }
 
+/// Waits until `more` records beyond those handled so far are handled.
+async fn handle_more(host: &mut HostProcess, what: &str, more: usize) {
+    let seen = handled(&host.lines()).len();
+    host.wait_for(what, Duration::from_secs(30), |lines| {
+        handled(lines).len() >= seen + more
+    })
+    .await
+    .unwrap();
+}
+
+/// Stops the producer, waits until the host has handled all it put, and
+/// stops the host cleanly: what was put, and the host's log.
+async fn drain(
+    mut host: HostProcess,
+    stop: Arc<AtomicBool>,
+    producer: JoinHandle<Vec<String>>,
+) -> (Vec<String>, Vec<LogLine>) {
+    stop.store(true, Ordering::SeqCst);
+    let put = producer.await.unwrap();
+    host.wait_for("everything handled", Duration::from_secs(60), |lines| {
+        handled(lines).len() >= put.len()
+    })
+    .await
+    .unwrap();
+    assert!(host.terminate().await.unwrap().success());
+    let lines = host.lines();
+    (put, lines)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_file_swap_under_load_loses_nothing_and_handles_nothing_twice() {
     let guests = guests::build().unwrap();
@@ -197,22 +226,10 @@ async fn a_file_swap_under_load_loses_nothing_and_handles_nothing_twice() {
     })
     .await
     .unwrap();
-    let before = handled(&host.lines()).len();
-    host.wait_for("still handling", Duration::from_secs(30), |lines| {
-        handled(lines).len() >= before + 50
-    })
-    .await
-    .unwrap();
+    handle_more(&mut host, "still handling", 50).await;
 
-    stop.store(true, Ordering::SeqCst);
-    let put = producer.await.unwrap();
-    host.wait_for("everything handled", Duration::from_secs(60), |lines| {
-        handled(lines).len() >= put.len()
-    })
-    .await
-    .unwrap();
-    assert!(host.terminate().await.unwrap().success());
-    check_exactly_once_and_switch_per_lane(&put, &host.lines());
+    let (put, lines) = drain(host, stop, producer).await;
+    check_exactly_once_and_switch_per_lane(&put, &lines);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -278,15 +295,7 @@ async fn the_admin_api_needs_its_token_and_swaps_like_a_file() {
     })
     .await
     .unwrap();
-    stop.store(true, Ordering::SeqCst);
-    let put = producer.await.unwrap();
-    host.wait_for("everything handled", Duration::from_secs(60), |lines| {
-        handled(lines).len() >= put.len()
-    })
-    .await
-    .unwrap();
-    assert!(host.terminate().await.unwrap().success());
-    let lines = host.lines();
+    let (put, lines) = drain(host, stop, producer).await;
     let swaps = lines
         .iter()
         .filter(|l| field(l, "message").starts_with("plugin swapped"))
@@ -536,12 +545,7 @@ async fn a_canary_keeps_its_keys_and_rolls_back_and_promotes_without_loss() {
     assert_eq!(status, 200, "{body}");
     let (status, body) = http(&addr, "POST", rollback, Some("s3cret"), b"");
     assert_eq!(status, 409, "no canary left: {body}");
-    let seen = handled(&host.lines()).len();
-    host.wait_for("after the rollback", Duration::from_secs(30), |lines| {
-        handled(lines).len() >= seen + 100
-    })
-    .await
-    .unwrap();
+    handle_more(&mut host, "after the rollback", 100).await;
 
     // A canary through the API, on half the keys, then promoted.
     let echo = std::fs::read(&guests.echo).unwrap();
@@ -558,12 +562,7 @@ async fn a_canary_keeps_its_keys_and_rolls_back_and_promotes_without_loss() {
     assert_eq!(status, 422, "{body}");
     let (status, body) = http(&addr, "PUT", canary, Some("s3cret"), &echo);
     assert_eq!(status, 200, "{body}");
-    let seen = handled(&host.lines()).len();
-    host.wait_for("the second canary", Duration::from_secs(30), |lines| {
-        handled(lines).len() >= seen + 60
-    })
-    .await
-    .unwrap();
+    handle_more(&mut host, "the second canary", 60).await;
     let (status, body) = http(
         &addr,
         "POST",
@@ -572,22 +571,9 @@ async fn a_canary_keeps_its_keys_and_rolls_back_and_promotes_without_loss() {
         b"",
     );
     assert_eq!(status, 200, "{body}");
-    let seen = handled(&host.lines()).len();
-    host.wait_for("after the promotion", Duration::from_secs(30), |lines| {
-        handled(lines).len() >= seen + 100
-    })
-    .await
-    .unwrap();
+    handle_more(&mut host, "after the promotion", 100).await;
 
-    stop.store(true, Ordering::SeqCst);
-    let put = producer.await.unwrap();
-    host.wait_for("everything handled", Duration::from_secs(60), |lines| {
-        handled(lines).len() >= put.len()
-    })
-    .await
-    .unwrap();
-    assert!(host.terminate().await.unwrap().success());
-    let lines = host.lines();
+    let (put, lines) = drain(host, stop, producer).await;
 
     // Nothing lost, nothing twice, every key in order throughout.
     let all = handled_by_key(&lines);
@@ -665,10 +651,14 @@ async fn handler_calls_run_in_spans_with_opentelemetry_messaging_fields() {
             .cloned()
             .collect()
     };
-    host.wait_for("both subscriptions done", Duration::from_secs(60), |lines| {
-        guest_lines(lines, "spans", "echo").len() >= 20
-            && guest_lines(lines, "spans-batch", "item").len() >= 20
-    })
+    host.wait_for(
+        "both subscriptions done",
+        Duration::from_secs(60),
+        |lines| {
+            guest_lines(lines, "spans", "echo").len() >= 20
+                && guest_lines(lines, "spans-batch", "item").len() >= 20
+        },
+    )
     .await
     .unwrap();
     assert!(host.terminate().await.unwrap().success());
@@ -683,7 +673,11 @@ async fn handler_calls_run_in_spans_with_opentelemetry_messaging_fields() {
         assert_eq!(span["messaging.system"], "aws_kinesis", "{line}");
         assert_eq!(span["messaging.operation.type"], "process", "{line}");
         assert_eq!(span["messaging.operation.name"], "handle", "{line}");
-        assert_eq!(span["messaging.destination.name"], stream.as_str(), "{line}");
+        assert_eq!(
+            span["messaging.destination.name"],
+            stream.as_str(),
+            "{line}"
+        );
         assert_eq!(
             span["messaging.destination.partition.id"],
             field(&line, "shard_id"),
@@ -704,12 +698,21 @@ async fn handler_calls_run_in_spans_with_opentelemetry_messaging_fields() {
     let mut counted = 0;
     for line in &batches {
         let span = innermost_span(line).unwrap_or_else(|| panic!("no span: {line}"));
-        let size: u64 = field(line, "message")["batch size=".len()..].parse().unwrap();
+        let size: u64 = field(line, "message")["batch size=".len()..]
+            .parse()
+            .unwrap();
         assert_eq!(span["name"], "process", "{line}");
         assert_eq!(span["messaging.operation.name"], "handle-batch", "{line}");
         assert_eq!(span["messaging.batch.message_count"], size, "{line}");
-        assert_eq!(span["messaging.consumer.group.name"], "spans-batch", "{line}");
-        assert_eq!(span["messaging.destination.name"], stream.as_str(), "{line}");
+        assert_eq!(
+            span["messaging.consumer.group.name"], "spans-batch",
+            "{line}"
+        );
+        assert_eq!(
+            span["messaging.destination.name"],
+            stream.as_str(),
+            "{line}"
+        );
         counted += size;
     }
     assert_eq!(counted, 20, "the batch spans account for every record");
