@@ -8,6 +8,7 @@ mod batches;
 mod check;
 mod common;
 mod config;
+mod conformance;
 mod failures;
 mod lanes;
 mod leases;

@@ -1,0 +1,342 @@
+//! The conformance suite: the same three examples (`echo`, `batch-sum`,
+//! `poison`), written in every guest language, run through the real host
+//! against the emulator, with the same observable results: the records
+//! handled, the exact log lines, the outcomes (retries with attempt 1..3,
+//! rejects to the dead-letter stream, acks), and per-key order with
+//! `workers = 4, by_key = true`.
+//!
+//! One host per language runs all three examples as three subscriptions.
+//! Each language's examples are built by its own `build.sh`; a language
+//! whose toolchain is missing fails its test (`.ci/run` installs them all).
+
+use std::collections::{BTreeMap, HashMap};
+
+use shardlane_testkit::{HostProcess, Kinesis, Language, LogLine, build_examples, unique_name};
+
+use crate::common::{field, seq_key, shardlane_bin};
+
+/// Guest lines of one subscription, in log order.
+fn guest<'a>(lines: &'a [LogLine], subscription: &str) -> Vec<&'a LogLine> {
+    lines
+        .iter()
+        .filter(|l| field(l, "target") == "guest" && field(l, "subscription") == subscription)
+        .collect()
+}
+
+/// (records, valid, sum) of a `batch-sum` log line.
+fn batch_sum(message: &str) -> (usize, usize, i64) {
+    let parts: Vec<&str> = message.split(' ').collect();
+    let value = |i: usize, name: &str| {
+        parts
+            .get(i)
+            .and_then(|p| p.strip_prefix(name))
+            .unwrap_or_else(|| panic!("not a batch-sum line: {message:?}"))
+            .to_owned()
+    };
+    assert_eq!(parts.len(), 4, "{message:?}");
+    assert_eq!(parts[0], "batch-sum", "{message:?}");
+    (
+        value(1, "records=").parse().unwrap(),
+        value(2, "valid=").parse().unwrap(),
+        value(3, "sum=").parse().unwrap(),
+    )
+}
+
+fn dead_lettered(lines: &[LogLine], subscription: &str) -> usize {
+    lines
+        .iter()
+        .filter(|l| {
+            field(l, "message") == "record dead-lettered"
+                && field(l, "subscription") == subscription
+        })
+        .count()
+}
+
+async fn conformance(lang: Language) {
+    let examples = build_examples(lang).unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let name = |s: &str| unique_name(&format!("{}-{s}", lang.dir()));
+    let (echo_stream, sums_stream, poison_stream) = (name("echo"), name("sums"), name("poison"));
+    let (sums_dlq, poison_dlq) = (name("sums-dlq"), name("poison-dlq"));
+    kinesis.create_stream(&echo_stream, 2).await.unwrap();
+    for stream in [&sums_stream, &poison_stream, &sums_dlq, &poison_dlq] {
+        kinesis.create_stream(stream, 1).await.unwrap();
+    }
+
+    // echo: 8 keys × 6 records over 2 shards.
+    let echo_records: Vec<(String, Vec<u8>)> = (0..48)
+        .map(|i| {
+            let key = format!("user-{}", i % 8);
+            let data = format!("{key} event {}", i / 8);
+            (key, data.into_bytes())
+        })
+        .collect();
+    let echo_put = kinesis
+        .put_records(&echo_stream, &echo_records)
+        .await
+        .unwrap();
+
+    // batch-sum: 40 valid amounts (some negative) and 5 invalid records.
+    let mut sums_records: Vec<(String, Vec<u8>)> = (1..=40)
+        .map(|i: i64| {
+            (
+                format!("acct-{}", i % 5),
+                format!("{{\"amount\": {}}}", i * 3 - 50).into_bytes(),
+            )
+        })
+        .collect();
+    let invalid = [
+        "not json",
+        "{\"amt\": 3}",
+        "{\"amount\": 1.5}",
+        "{\"amount\": \"7\"}",
+        "[1, 2]",
+    ];
+    for (i, bad) in invalid.iter().enumerate() {
+        sums_records.insert(i * 9, (format!("acct-{i}"), bad.as_bytes().to_vec()));
+    }
+    // Integral numbers written as floats are integers in every language.
+    sums_records.push(("acct-x".into(), b"{\"amount\": 5.0}".to_vec()));
+    sums_records.push(("acct-y".into(), b"{\"amount\": 1e3}".to_vec()));
+    let valid_sum: i64 = (1..=40).map(|i: i64| i * 3 - 50).sum::<i64>() + 5 + 1000;
+    kinesis
+        .put_records(&sums_stream, &sums_records)
+        .await
+        .unwrap();
+
+    // poison: acks, two retried records, one rejected.
+    let poison_data = ["ok-1", "retry", "bad", "ok-2", "retry", "ok-3"];
+    let poison_records: Vec<(String, Vec<u8>)> = poison_data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (format!("order-{i}"), d.as_bytes().to_vec()))
+        .collect();
+    let poison_put = kinesis
+        .put_records(&poison_stream, &poison_records)
+        .await
+        .unwrap();
+    let poison_calls = 1 + 3 + 1 + 1 + 3 + 1;
+
+    let common = "start = \"trim_horizon\"\npoll_idle = \"50ms\"\ncheckpoint_every = \"200ms\"\nlog_rate = 1000000";
+    let cfg = format!(
+        r#"
+[aws]
+region = "us-east-1"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[lease]
+store = "memory"
+shard_sync_every = "1s"
+
+[[subscription]]
+name = "echo"
+stream = "{echo_stream}"
+plugin = "{echo}"
+workers = 4
+by_key = true
+{common}
+
+[[subscription]]
+name = "batch-sum"
+stream = "{sums_stream}"
+plugin = "{batch_sum}"
+batch_size = 10
+batch_window = "100ms"
+on_failure = "dead_letter"
+dead_letter_stream = "{sums_dlq}"
+{common}
+
+[[subscription]]
+name = "poison"
+stream = "{poison_stream}"
+plugin = "{poison}"
+retry_backoff = {{ initial = "10ms", max = "20ms" }}
+on_failure = "dead_letter"
+dead_letter_stream = "{poison_dlq}"
+{common}
+"#,
+        echo = examples.echo.display(),
+        batch_sum = examples.batch_sum.display(),
+        poison = examples.poison.display(),
+    );
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    host.wait_for(
+        "every example to handle every record",
+        std::time::Duration::from_secs(180),
+        |lines| {
+            let sums: usize = guest(lines, "batch-sum")
+                .iter()
+                .map(|l| batch_sum(field(l, "message")).0)
+                .sum();
+            guest(lines, "echo").len() >= echo_records.len()
+                && sums >= sums_records.len()
+                && guest(lines, "poison").len() >= poison_calls
+                && dead_lettered(lines, "batch-sum") >= invalid.len()
+                && dead_lettered(lines, "poison") >= 1
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{}: {e}", lang.dir()));
+    assert!(host.terminate().await.unwrap().success());
+    let lines = host.lines();
+
+    // echo: one exact line per record, each key in order.
+    let echo_lines = guest(&lines, "echo");
+    assert_eq!(echo_lines.len(), echo_records.len(), "one line per record");
+    let mut want: BTreeMap<String, String> = BTreeMap::new();
+    for ((key, data), (_, seq)) in echo_records.iter().zip(&echo_put) {
+        let data = String::from_utf8(data.clone()).unwrap();
+        want.insert(
+            seq.clone(),
+            format!("echo key={key} seq={seq} data=\"{data}\""),
+        );
+    }
+    let mut per_key: HashMap<&str, Vec<&str>> = HashMap::new();
+    for line in &echo_lines {
+        let seq = field(line, "sequence_number");
+        assert_eq!(field(line, "level"), "INFO");
+        assert_eq!(
+            Some(field(line, "message")),
+            want.get(seq).map(String::as_str)
+        );
+        per_key
+            .entry(field(line, "partition_key"))
+            .or_default()
+            .push(seq);
+    }
+    assert_eq!(per_key.len(), 8);
+    for (key, seqs) in per_key {
+        let mut sorted = seqs.clone();
+        sorted.sort_by_key(|s| seq_key(s));
+        assert_eq!(seqs, sorted, "{key} handled in order");
+    }
+
+    // batch-sum: every record once, the valid sum, the invalid rejected.
+    let (mut records, mut valid, mut sum) = (0, 0, 0);
+    for line in guest(&lines, "batch-sum") {
+        let (r, v, s) = batch_sum(field(line, "message"));
+        assert!((1..=10).contains(&r), "batch of {r}");
+        (records, valid, sum) = (records + r, valid + v, sum + s);
+    }
+    assert_eq!(
+        (records, valid, sum),
+        (sums_records.len(), 42, valid_sum),
+        "records, valid records, sum"
+    );
+    let mut rejected: Vec<String> = Vec::new();
+    for (_, data) in kinesis.read_all(&sums_dlq).await.unwrap() {
+        let envelope: serde_json::Value = serde_json::from_slice(&data).unwrap();
+        assert_eq!(
+            envelope["reason"], "rejected: expected {\"amount\": <integer>}",
+            "{envelope}"
+        );
+        let original =
+            aws_smithy_types::base64::decode(envelope["data_base64"].as_str().unwrap()).unwrap();
+        rejected.push(String::from_utf8(original).unwrap());
+    }
+    rejected.sort();
+    let mut want_rejected: Vec<String> = invalid.iter().map(|s| s.to_string()).collect();
+    want_rejected.sort();
+    assert_eq!(rejected, want_rejected, "exactly the invalid records");
+
+    // poison: attempts 1..3 for `retry`, `bad` rejected, the rest acked.
+    let poison_lines = guest(&lines, "poison");
+    let mut calls: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for line in &poison_lines {
+        let seq = field(line, "sequence_number");
+        calls
+            .entry(seq)
+            .or_default()
+            .push(field(line, "message").to_owned());
+    }
+    for ((key, data), (_, seq)) in poison_records.iter().zip(&poison_put) {
+        let line = |attempt: u32, outcome: &str| {
+            format!("poison key={key} seq={seq} attempt={attempt} outcome={outcome}")
+        };
+        let want = match std::str::from_utf8(data).unwrap() {
+            "retry" => vec![line(1, "retry"), line(2, "retry"), line(3, "ack")],
+            "bad" => vec![line(1, "reject")],
+            _ => vec![line(1, "ack")],
+        };
+        assert_eq!(calls.get(seq.as_str()), Some(&want), "{key}");
+    }
+    let mut reasons: Vec<&str> = lines
+        .iter()
+        .filter(|l| {
+            field(l, "message") == "handler asked to retry" && field(l, "subscription") == "poison"
+        })
+        .map(|l| field(l, "reason"))
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [
+            "attempt 1 of 3",
+            "attempt 1 of 3",
+            "attempt 2 of 3",
+            "attempt 2 of 3"
+        ]
+    );
+    let dlq = kinesis.read_all(&poison_dlq).await.unwrap();
+    assert_eq!(dlq.len(), 1, "only `bad` is dead-lettered");
+    let envelope: serde_json::Value = serde_json::from_slice(&dlq[0].1).unwrap();
+    assert_eq!(envelope["reason"], "rejected: bad record");
+    assert_eq!(envelope["attempts"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rust() {
+    conformance(Language::Rust).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python() {
+    conformance(Language::Python).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn javascript() {
+    conformance(Language::JavaScript).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn c() {
+    conformance(Language::C).await;
+}
+
+/// A Python component has many core instances: it fits the default pool
+/// (the `python` test runs it), and a pool sized below it refuses it at
+/// load with one line naming the plugin, the limit and the config key.
+#[test]
+fn a_plugin_larger_than_the_pool_is_refused_naming_the_limit() {
+    let examples = build_examples(Language::Python).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shardlane.toml");
+    let cfg = |max: u32| {
+        format!(
+            "[engine]\ncache_dir = \"off\"\nmax_core_instances = {max}\n\n[[subscription]]\nname = \"py\"\nstream = \"s\"\nplugin = \"{}\"\n",
+            examples.echo.display()
+        )
+    };
+    std::fs::write(&config, cfg(4)).unwrap();
+    let out = std::process::Command::new(shardlane_bin())
+        .args(["validate", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {stderr}");
+    let line = stderr.trim_end();
+    assert_eq!(line.lines().count(), 1, "not one line: {stderr:?}");
+    for part in [
+        &examples.echo.display().to_string(),
+        "does not fit the instance pool",
+        "core module instances",
+        "configured maximum of 4",
+        "engine.max_core_instances",
+    ] {
+        assert!(line.contains(part), "{part:?} missing: {line}");
+    }
+}
