@@ -69,7 +69,7 @@ use crate::channel::{Delivery, DeliveryReceiver, Record};
 use crate::config::{DispatchMode, SubscriptionConfig};
 use crate::failure::DeadLetters;
 use crate::ids::LaneId;
-use crate::plugin::{CallError, Instance, Outcome, Plugin, PluginError};
+use crate::plugin::{CallError, Instance, Outcome, Plugin, PluginDigest, PluginError};
 use crate::settlement::SettlementSender;
 use crate::telemetry::{SubscriptionStatus, Telemetry};
 use lane::{Lane, LaneMetrics};
@@ -109,6 +109,13 @@ pub trait Handler: Send + 'static {
         &mut self,
         records: &[(Arc<Record>, u32)],
     ) -> impl Future<Output = Result<Vec<Outcome>, CallError>> + Send;
+
+    /// The plugin version that handles `record` in this instance (with a
+    /// canary it depends on the key); named in dead-letter envelopes.
+    /// `None` for a handler that is not a plugin.
+    fn version(&self, _record: &Record) -> Option<PluginDigest> {
+        None
+    }
 }
 
 /// Makes handler instances: one per lane, and a fresh one after a trap.
@@ -144,6 +151,10 @@ impl Handler for Instance {
         records: &[(Arc<Record>, u32)],
     ) -> impl Future<Output = Result<Vec<Outcome>, CallError>> + Send {
         Instance::handle_batch(self, records)
+    }
+
+    fn version(&self, _record: &Record) -> Option<PluginDigest> {
+        Some(self.digest().clone())
     }
 }
 

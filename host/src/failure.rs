@@ -37,7 +37,9 @@
 //!
 //! `data_base64` is the original data, unchanged, base64-encoded (standard
 //! alphabet, padded); `failed_at` and `approximate_arrival` are milliseconds
-//! since the Unix epoch.
+//! since the Unix epoch. `plugin` is the digest of the version whose
+//! attempt failed last (after a swap, or with a canary, the version that
+//! handled this record's key), `null` for a handler that is not a plugin.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -47,6 +49,7 @@ use aws_sdk_kinesis::primitives::Blob;
 use crate::channel::Record;
 use crate::config::{FailurePolicy, OnFailure};
 use crate::ids::{StreamName, SubscriptionName};
+use crate::plugin::PluginDigest;
 
 /// What a lane does after a failed attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,23 +111,15 @@ pub struct DeadLetters {
     client: Client,
     stream: StreamName,
     subscription: SubscriptionName,
-    plugin: String,
 }
 
 impl DeadLetters {
-    /// A sink for `stream`, for records of `subscription` handled by the
-    /// plugin with digest `plugin`.
-    pub fn new(
-        client: Client,
-        stream: StreamName,
-        subscription: SubscriptionName,
-        plugin: String,
-    ) -> Self {
+    /// A sink for `stream`, for records of `subscription`.
+    pub fn new(client: Client, stream: StreamName, subscription: SubscriptionName) -> Self {
         Self {
             client,
             stream,
             subscription,
-            plugin,
         }
     }
 
@@ -133,13 +128,20 @@ impl DeadLetters {
         &self.stream
     }
 
-    /// The envelope (module docs) for one record.
-    pub fn envelope(&self, record: &Record, reason: &str, attempts: u32) -> Vec<u8> {
+    /// The envelope (module docs) for one record, failed last by the
+    /// plugin version `plugin`.
+    pub fn envelope(
+        &self,
+        record: &Record,
+        reason: &str,
+        attempts: u32,
+        plugin: Option<&PluginDigest>,
+    ) -> Vec<u8> {
         let envelope = serde_json::json!({
             "reason": reason,
             "attempts": attempts,
             "subscription": self.subscription.as_str(),
-            "plugin": self.plugin,
+            "plugin": plugin.map(ToString::to_string),
             "failed_at": now_ms(),
             "source": {
                 "stream": record.stream.as_str(),
@@ -163,13 +165,14 @@ impl DeadLetters {
         record: &Record,
         reason: &str,
         attempts: u32,
+        plugin: Option<&PluginDigest>,
     ) -> Result<String, String> {
         let output = self
             .client
             .put_record()
             .stream_name(self.stream.as_str())
             .partition_key(record.partition_key.as_str())
-            .data(Blob::new(self.envelope(record, reason, attempts)))
+            .data(Blob::new(self.envelope(record, reason, attempts, plugin)))
             .send()
             .await
             .map_err(|e| format!("{}", aws_sdk_kinesis::error::DisplayErrorContext(&e)))?;

@@ -897,6 +897,11 @@ fn to_wit(record: &Record, attempt: u32) -> KinesisRecord<'_> {
 }
 
 impl Instance {
+    /// The digest of the plugin version it is an instance of.
+    pub fn digest(&self) -> &PluginDigest {
+        &self.store.data().digest
+    }
+
     fn refuel(&mut self) -> Result<(), CallError> {
         if let Some(fuel) = self.fuel {
             self.store

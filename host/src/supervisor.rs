@@ -247,7 +247,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
                 client.clone(),
                 stream.clone(),
                 sub.name.clone(),
-                plugin.digest().to_string(),
             )),
             _ => None,
         };

@@ -561,6 +561,13 @@ impl Handler for SlotInstance {
         result
     }
 
+    fn version(&self, record: &Record) -> Option<PluginDigest> {
+        Some(match (&self.canary, self.role_for(record)) {
+            (Some(canary), Role::Candidate) => canary.instance.digest().clone(),
+            _ => self.stable.digest().clone(),
+        })
+    }
+
     async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],

@@ -717,3 +717,64 @@ async fn handler_calls_run_in_spans_with_opentelemetry_messaging_fields() {
     }
     assert_eq!(counted, 20, "the batch spans account for every record");
 }
+
+/// A dead-letter envelope names the version that failed the record: with a
+/// canary, the candidate for keys in its slice.
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_name_the_version_that_failed_them() {
+    let guests = guests::build().unwrap();
+    let examples = shardlane_testkit::build_examples(shardlane_testkit::Language::Rust).unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let (stream, dlq) = (unique_name("dlq-version"), unique_name("dlq-version-dlq"));
+    kinesis.create_stream(&stream, 1).await.unwrap();
+    kinesis.create_stream(&dlq, 1).await.unwrap();
+    // Stable: echo, which acks everything; candidate: poison, which
+    // rejects `bad`. Only keys in the candidate's slice are dead-lettered.
+    let slice = shardlane::dispatch::routing::KeySlice::new(0.5).unwrap();
+    let keys: Vec<String> = (0..16).map(|i| format!("key-{i}")).collect();
+    let in_slice: Vec<&String> = keys
+        .iter()
+        .filter(|k| slice.contains(&shardlane::ids::PartitionKey::from(k.as_str())))
+        .collect();
+    assert!(!in_slice.is_empty() && in_slice.len() < keys.len());
+    let records: Vec<(String, Vec<u8>)> =
+        keys.iter().map(|k| (k.clone(), b"bad".to_vec())).collect();
+    kinesis.put_records(&stream, &records).await.unwrap();
+    let cfg = config(
+        "dlq-version",
+        &stream,
+        &guests.echo,
+        &format!(
+            "start = \"trim_horizon\"\non_failure = \"dead_letter\"\ndead_letter_stream = \"{dlq}\"\ncanary = {{ plugin = \"{}\", key_fraction = 0.5 }}",
+            examples.poison.display()
+        ),
+    );
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    host.wait_for("every record settled", Duration::from_secs(60), |lines| {
+        let guest = lines
+            .iter()
+            .filter(|l| field(l, "target") == "guest")
+            .count();
+        let dead = lines
+            .iter()
+            .filter(|l| field(l, "message") == "record dead-lettered")
+            .count();
+        guest >= keys.len() && dead >= in_slice.len()
+    })
+    .await
+    .unwrap();
+    assert!(host.terminate().await.unwrap().success());
+
+    let candidate = shardlane::plugin::PluginDigest::of(&std::fs::read(&examples.poison).unwrap());
+    let mut dead_keys = Vec::new();
+    for (key, data) in kinesis.read_all(&dlq).await.unwrap() {
+        let envelope: serde_json::Value = serde_json::from_slice(&data).unwrap();
+        assert_eq!(envelope["plugin"], candidate.to_string(), "{envelope}");
+        assert_eq!(envelope["reason"], "rejected: bad record", "{envelope}");
+        dead_keys.push(key);
+    }
+    dead_keys.sort();
+    let mut want: Vec<String> = in_slice.into_iter().cloned().collect();
+    want.sort();
+    assert_eq!(dead_keys, want, "exactly the keys of the candidate's slice");
+}

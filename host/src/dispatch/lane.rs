@@ -17,7 +17,7 @@ use crate::channel::{Delivery, DeliveryReceiver, Record};
 use crate::config::SubscriptionConfig;
 use crate::failure::{self, DeadLetters, Next};
 use crate::ids::LaneId;
-use crate::plugin::{CallError, Outcome};
+use crate::plugin::{CallError, Outcome, PluginDigest};
 use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
 use crate::telemetry::{
     BATCH_BUCKETS, Counter, DURATION_BUCKETS, Histogram, SubscriptionStatus, Telemetry,
@@ -134,6 +134,14 @@ pub(super) struct Lane<F: HandlerFactory> {
 
 /// `hard_stop` fired: the lane stops where it is.
 struct Stopped;
+
+/// The last failure of a record given up on: why, after how many
+/// attempts, and on which plugin version (for the dead-letter envelope).
+struct LastFailure<'a> {
+    reason: &'a str,
+    attempts: u32,
+    version: Option<PluginDigest>,
+}
 
 /// A record inside a batch, with its own attempt count.
 struct Item {
@@ -304,6 +312,7 @@ impl<F: HandlerFactory> Lane<F> {
         let mut backoff = self.backoff();
         let mut attempt: u32 = 1;
         loop {
+            let mut failed_version = None;
             let span = spans::process(&self.subscription, self.id, &record, attempt);
             let Some(handler) = self.handler(&mut backoff, hard_stop).await else {
                 return false;
@@ -324,13 +333,17 @@ impl<F: HandlerFactory> Lane<F> {
                 Ok(Outcome::Reject(reason)) => {
                     self.metrics.rejected.inc();
                     let next = failure::after_reject(&self.subscription.failure);
+                    let version = self.version_of(&record);
                     return self
                         .give_up(
                             &record,
                             ticket,
                             next,
-                            &format!("rejected: {reason}"),
-                            attempt,
+                            LastFailure {
+                                reason: &format!("rejected: {reason}"),
+                                attempts: attempt,
+                                version,
+                            },
                             hard_stop,
                         )
                         .await;
@@ -340,15 +353,30 @@ impl<F: HandlerFactory> Lane<F> {
                     tracing::info!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, reason, "handler asked to retry");
                     format!("retry: {reason}")
                 }
-                Err(e) => self.failed_call(&e, &record, attempt, 1),
+                Err(e) => {
+                    // Before a failed call may drop the instance.
+                    failed_version = self.version_of(&record);
+                    self.failed_call(&e, &record, attempt, 1)
+                }
             };
             match failure::after_failure(&self.subscription.failure, attempt, failure::age(&record))
             {
                 Next::Retry => {}
                 Next::Blocked => self.log_blocked(&record, attempt, &reason),
                 next => {
+                    let version = failed_version.take().or_else(|| self.version_of(&record));
                     return self
-                        .give_up(&record, ticket, next, &reason, attempt, hard_stop)
+                        .give_up(
+                            &record,
+                            ticket,
+                            next,
+                            LastFailure {
+                                reason: &reason,
+                                attempts: attempt,
+                                version,
+                            },
+                            hard_stop,
+                        )
                         .await;
                 }
             }
@@ -375,10 +403,14 @@ impl<F: HandlerFactory> Lane<F> {
         record: &Record,
         ticket: Ticket,
         next: Next,
-        reason: &str,
-        attempts: u32,
+        failure: LastFailure<'_>,
         stop: &CancellationToken,
     ) -> bool {
+        let LastFailure {
+            reason,
+            attempts,
+            version,
+        } = failure;
         let sub = self.subscription.name.clone();
         match (next, &self.dead_letters) {
             (Next::DeadLetter, Some(dead_letters)) => {
@@ -386,7 +418,7 @@ impl<F: HandlerFactory> Lane<F> {
                 loop {
                     let put = tokio::select! {
                         _ = stop.cancelled() => return false,
-                        put = dead_letters.put(record, reason, attempts) => put,
+                        put = dead_letters.put(record, reason, attempts, version.as_ref()) => put,
                     };
                     match put {
                         Ok(dlq_sequence) => {
@@ -459,13 +491,17 @@ impl<F: HandlerFactory> Lane<F> {
                                 Outcome::Reject(reason) => {
                                     self.metrics.rejected.inc();
                                     let next = failure::after_reject(&self.subscription.failure);
+                                    let version = self.version_of(&item.record);
                                     if !self
                                         .give_up(
                                             &item.record,
                                             item.ticket,
                                             next,
-                                            &format!("rejected: {reason}"),
-                                            item.attempt,
+                                            LastFailure {
+                                                reason: &format!("rejected: {reason}"),
+                                                attempts: item.attempt,
+                                                version,
+                                            },
                                             hard_stop,
                                         )
                                         .await
@@ -476,10 +512,12 @@ impl<F: HandlerFactory> Lane<F> {
                                 Outcome::Retry(reason) => {
                                     self.metrics.retried.inc();
                                     tracing::info!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %item.record.shard, sequence_number = %item.record.sequence, attempt = item.attempt, reason, "handler asked to retry");
+                                    let version = self.version_of(&item.record);
                                     match self
                                         .after_item_failure(
                                             item,
                                             &format!("retry: {reason}"),
+                                            version,
                                             hard_stop,
                                         )
                                         .await
@@ -497,6 +535,9 @@ impl<F: HandlerFactory> Lane<F> {
                         group = again;
                     }
                     Err(e) => {
+                        // Before a failed call may drop the instance.
+                        let versions: Vec<Option<PluginDigest>> =
+                            group.iter().map(|i| self.version_of(&i.record)).collect();
                         let reason =
                             self.failed_call(&e, &group[0].record, group[0].attempt, group.len());
                         if self.subscription.failure.bisect_on_error && group.len() > 1 {
@@ -518,8 +559,11 @@ impl<F: HandlerFactory> Lane<F> {
                             continue;
                         }
                         let mut again = Vec::with_capacity(group.len());
-                        for item in group.drain(..) {
-                            match self.after_item_failure(item, &reason, hard_stop).await {
+                        for (item, version) in group.drain(..).zip(versions) {
+                            match self
+                                .after_item_failure(item, &reason, version, hard_stop)
+                                .await
+                            {
                                 Ok(Some(item)) => again.push(item),
                                 Ok(None) => {}
                                 Err(Stopped) => return false,
@@ -544,6 +588,7 @@ impl<F: HandlerFactory> Lane<F> {
         &mut self,
         mut item: Item,
         reason: &str,
+        version: Option<PluginDigest>,
         stop: &CancellationToken,
     ) -> Result<Option<Item>, Stopped> {
         match failure::after_failure(
@@ -560,7 +605,17 @@ impl<F: HandlerFactory> Lane<F> {
                     attempt,
                 } = item;
                 return if self
-                    .give_up(&record, ticket, next, reason, attempt, stop)
+                    .give_up(
+                        &record,
+                        ticket,
+                        next,
+                        LastFailure {
+                            reason,
+                            attempts: attempt,
+                            version,
+                        },
+                        stop,
+                    )
                     .await
                 {
                     Ok(None)
@@ -571,6 +626,11 @@ impl<F: HandlerFactory> Lane<F> {
         }
         item.attempt = item.attempt.saturating_add(1);
         Ok(Some(item))
+    }
+
+    /// The plugin version the lane's instance runs for `record`.
+    fn version_of(&self, record: &Record) -> Option<PluginDigest> {
+        self.handler.as_ref().and_then(|h| h.version(record))
     }
 
     async fn settle(&mut self, msg: SettlementMsg) {
