@@ -364,9 +364,11 @@ fn languages(runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         let size = std::fs::metadata(&examples.echo)?.len();
         let cache = tempfile::tempdir()?;
         let start = || -> anyhow::Result<(Duration, PluginHost)> {
+            // What `shardlane run` does before it talks to AWS: the engine
+            // (pool reservation, linker), then every plugin.
+            let started = Instant::now();
             let host = PluginHost::new(defaults::MAX_MEMORY, defaults::MAX_CORE_INSTANCES, false)?
                 .with_cache(Some(CompileCache::new(cache.path().to_owned())?));
-            let started = Instant::now();
             for path in [&examples.echo, &examples.batch_sum, &examples.poison] {
                 host.load(path, "bench".into(), timeout, sandbox())?;
             }
@@ -396,9 +398,13 @@ fn languages(runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             anyhow::Ok((instantiate, handle, started.elapsed() / BATCHES))
         })?;
         println!(
-            "{:<11} {:>6.1} MB {:>12} {:>12} {:>13} {:>11} {:>15} {:>14}",
+            "{:<11} {:>9} {:>12} {:>12} {:>13} {:>11} {:>15} {:>14}",
             lang.dir(),
-            size as f64 / 1e6,
+            if size < 1_000_000 {
+                format!("{:.0} KB", size as f64 / 1e3)
+            } else {
+                format!("{:.1} MB", size as f64 / 1e6)
+            },
             format!("{:.2?}", cold),
             format!("{:.2?}", warm),
             format!("{:.1?}", instantiate),
@@ -408,7 +414,7 @@ fn languages(runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         );
     }
     println!(
-        "(start: compiling or loading all three examples; the echo guest logs every record, with no log subscriber installed)"
+        "(start: the engine, then compiling (cold cache) or loading (warm) all three examples; the echo guest logs every record, with no log subscriber installed)"
     );
     Ok(())
 }
