@@ -10,15 +10,10 @@ pub fn shardlane_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_shardlane"))
 }
 
-/// A one-subscription config for `stream`, with extra lines appended to the
-/// subscription block. Tests count guest log lines, so the log rate limit
-/// is lifted unless `extra` sets one.
+/// A one-subscription config for `stream` (in-memory leases, an admin
+/// server on a free port), with extra lines appended to the subscription
+/// block; append more blocks with [`subscription`].
 pub fn config(name: &str, stream: &str, plugin: &Path, extra: &str) -> String {
-    let log_rate = if extra.contains("log_rate") {
-        ""
-    } else {
-        "log_rate = 1000000"
-    };
     format!(
         r#"
 [aws]
@@ -30,7 +25,22 @@ listen = "127.0.0.1:0"
 [lease]
 store = "memory"
 shard_sync_every = "1s"
+{}"#,
+        subscription(name, stream, plugin, extra)
+    )
+}
 
+/// A `[[subscription]]` block that polls and checkpoints quickly, with
+/// `extra` lines appended. Tests count guest log lines, so the log rate
+/// limit is lifted unless `extra` sets one.
+pub fn subscription(name: &str, stream: &str, plugin: &Path, extra: &str) -> String {
+    let log_rate = if extra.contains("log_rate") {
+        ""
+    } else {
+        "log_rate = 1000000"
+    };
+    format!(
+        r#"
 [[subscription]]
 name = "{name}"
 stream = "{stream}"

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use shardlane_testkit::{HostProcess, Kinesis, Language, LogLine, build_examples, unique_name};
 
-use crate::common::{field, seq_key, shardlane_bin};
+use crate::common::{config, field, seq_key, shardlane_bin, subscription};
 
 /// Guest lines of one subscription, in log order.
 fn guest<'a>(lines: &'a [LogLine], subscription: &str) -> Vec<&'a LogLine> {
@@ -117,50 +117,28 @@ async fn conformance(lang: Language) {
         .unwrap();
     let poison_calls = 1 + 3 + 1 + 1 + 3 + 1;
 
-    let common = "start = \"trim_horizon\"\npoll_idle = \"50ms\"\ncheckpoint_every = \"200ms\"\nlog_rate = 1000000";
-    let cfg = format!(
-        r#"
-[aws]
-region = "us-east-1"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[lease]
-store = "memory"
-shard_sync_every = "1s"
-
-[[subscription]]
-name = "echo"
-stream = "{echo_stream}"
-plugin = "{echo}"
-workers = 4
-by_key = true
-{common}
-
-[[subscription]]
-name = "batch-sum"
-stream = "{sums_stream}"
-plugin = "{batch_sum}"
-batch_size = 10
-batch_window = "100ms"
-on_failure = "dead_letter"
-dead_letter_stream = "{sums_dlq}"
-{common}
-
-[[subscription]]
-name = "poison"
-stream = "{poison_stream}"
-plugin = "{poison}"
-retry_backoff = {{ initial = "10ms", max = "20ms" }}
-on_failure = "dead_letter"
-dead_letter_stream = "{poison_dlq}"
-{common}
-"#,
-        echo = examples.echo.display(),
-        batch_sum = examples.batch_sum.display(),
-        poison = examples.poison.display(),
-    );
+    let start = "start = \"trim_horizon\"";
+    let cfg = [
+        config(
+            "echo",
+            &echo_stream,
+            &examples.echo,
+            &format!("{start}\nworkers = 4\nby_key = true"),
+        ),
+        subscription(
+            "batch-sum",
+            &sums_stream,
+            &examples.batch_sum,
+            &format!("{start}\nbatch_size = 10\nbatch_window = \"100ms\"\non_failure = \"dead_letter\"\ndead_letter_stream = \"{sums_dlq}\""),
+        ),
+        subscription(
+            "poison",
+            &poison_stream,
+            &examples.poison,
+            &format!("{start}\nretry_backoff = {{ initial = \"10ms\", max = \"20ms\" }}\non_failure = \"dead_letter\"\ndead_letter_stream = \"{poison_dlq}\""),
+        ),
+    ]
+    .concat();
     let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
     host.wait_for(
         "every example to handle every record",

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use shardlane_testkit::{HostProcess, Kinesis, LogLine, guests, unique_name};
 use tokio::task::JoinHandle;
 
-use crate::common::{config, field, shardlane_bin};
+use crate::common::{config, field, shardlane_bin, subscription};
 
 /// The admin server's address, from the host's log.
 fn admin_addr(host: &HostProcess) -> String {
@@ -629,15 +629,16 @@ async fn handler_calls_run_in_spans_with_opentelemetry_messaging_fields() {
         .map(|i| (format!("k{i}"), format!("r{i}").into_bytes()))
         .collect();
     kinesis.put_records(&stream, &records).await.unwrap();
-    let cfg = format!(
-        "{}\n[[subscription]]\nname = \"spans-batch\"\nstream = \"{stream}\"\nplugin = \"{}\"\nstart = \"trim_horizon\"\nbatch_size = 5\npoll_idle = \"50ms\"\nlog_rate = 1000000\n",
-        config(
-            "spans",
-            &stream,
-            &guests.echo,
-            "start = \"trim_horizon\"\nworkers = 2\nby_key = true"
-        ),
-        guests.batch.display()
+    let cfg = config(
+        "spans",
+        &stream,
+        &guests.echo,
+        "start = \"trim_horizon\"\nworkers = 2\nby_key = true",
+    ) + &subscription(
+        "spans-batch",
+        &stream,
+        &guests.batch,
+        "start = \"trim_horizon\"\nbatch_size = 5",
     );
     let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
     let guest_lines = |lines: &[LogLine], sub: &str, prefix: &str| -> Vec<LogLine> {

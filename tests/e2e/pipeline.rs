@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use shardlane_testkit::{HostProcess, Kinesis, guests, unique_name};
 
-use crate::common::{config, field, guest_lines, seq_key, sequences_by_shard, shardlane_bin};
+use crate::common::{
+    config, field, guest_lines, seq_key, sequences_by_shard, shardlane_bin, subscription,
+};
 
 /// Waits until the host has opened an iterator on `shards` shards (records
 /// put after that are seen even at `latest`).
@@ -236,11 +238,8 @@ async fn two_subscriptions_run_side_by_side() {
     };
     kinesis.put_records(&a, &recs("a")).await.unwrap();
     kinesis.put_records(&b, &recs("b")).await.unwrap();
-    let cfg = format!(
-        "{}\n[[subscription]]\nname = \"second\"\nstream = \"{b}\"\nplugin = \"{}\"\nstart = \"trim_horizon\"\npoll_idle = \"50ms\"\n",
-        config("first", &a, &guests.echo, "start = \"trim_horizon\""),
-        guests.retry.display()
-    );
+    let cfg = config("first", &a, &guests.echo, "start = \"trim_horizon\"")
+        + &subscription("second", &b, &guests.retry, "start = \"trim_horizon\"");
     let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
     host.wait_for(
         "both subscriptions' records",
