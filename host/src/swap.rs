@@ -561,13 +561,6 @@ impl Handler for SlotInstance {
         result
     }
 
-    fn version(&self, record: &Record) -> Option<PluginDigest> {
-        Some(match (&self.canary, self.role_for(record)) {
-            (Some(canary), Role::Candidate) => canary.instance.digest().clone(),
-            _ => self.stable.digest().clone(),
-        })
-    }
-
     async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
@@ -603,6 +596,13 @@ impl Handler for SlotInstance {
         }
         merged.sort_unstable_by_key(|(i, _)| *i);
         Ok(merged.into_iter().map(|(_, outcome)| outcome).collect())
+    }
+
+    fn version(&self, record: &Record) -> Option<PluginDigest> {
+        Some(match (&self.canary, self.role_for(record)) {
+            (Some(canary), Role::Candidate) => canary.instance.digest().clone(),
+            _ => self.stable.digest().clone(),
+        })
     }
 }
 

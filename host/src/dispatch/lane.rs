@@ -312,7 +312,6 @@ impl<F: HandlerFactory> Lane<F> {
         let mut backoff = self.backoff();
         let mut attempt: u32 = 1;
         loop {
-            let mut failed_version = None;
             let span = spans::process(&self.subscription, self.id, &record, attempt);
             let Some(handler) = self.handler(&mut backoff, hard_stop).await else {
                 return false;
@@ -324,7 +323,9 @@ impl<F: HandlerFactory> Lane<F> {
             };
             self.metrics.duration.observe_duration(started.elapsed());
             self.metrics.calls.inc();
-            let reason = match result {
+            // The version is taken before a failed call may drop the
+            // instance.
+            let (reason, version) = match result {
                 Ok(Outcome::Ack) => {
                     self.metrics.acked.inc();
                     self.settle(SettlementMsg::Settle(ticket)).await;
@@ -351,12 +352,11 @@ impl<F: HandlerFactory> Lane<F> {
                 Ok(Outcome::Retry(reason)) => {
                     self.metrics.retried.inc();
                     tracing::info!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, reason, "handler asked to retry");
-                    format!("retry: {reason}")
+                    (format!("retry: {reason}"), self.version_of(&record))
                 }
                 Err(e) => {
-                    // Before a failed call may drop the instance.
-                    failed_version = self.version_of(&record);
-                    self.failed_call(&e, &record, attempt, 1)
+                    let version = self.version_of(&record);
+                    (self.failed_call(&e, &record, attempt, 1), version)
                 }
             };
             match failure::after_failure(&self.subscription.failure, attempt, failure::age(&record))
@@ -364,7 +364,6 @@ impl<F: HandlerFactory> Lane<F> {
                 Next::Retry => {}
                 Next::Blocked => self.log_blocked(&record, attempt, &reason),
                 next => {
-                    let version = failed_version.take().or_else(|| self.version_of(&record));
                     return self
                         .give_up(
                             &record,
