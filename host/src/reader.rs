@@ -17,12 +17,22 @@
 //! The lease keeper owns this task and cancels it when the lease is lost or
 //! the service stops. Every wait (`send`, sleep, AWS call) is cancellable,
 //! so a reader stops handing out records as soon as it is told to.
+//!
+//! Lease validity: the keeper also publishes until when the lease is surely
+//! still ours (see [`crate::lease::keeper`]). Past that deadline the reader
+//! opens no iterator and puts nothing into the channel, not even a record a
+//! pending `send` was about to deliver: it waits for a renewal or for the
+//! keeper to stop it. An instance that was paused therefore cannot act on
+//! a lease that changed hands meanwhile, whichever of its tasks runs first
+//! when it resumes.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::types::ShardIteratorType;
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -82,12 +92,15 @@ pub struct ShardReader {
     /// after it.
     position: Position,
     cancel: CancellationToken,
+    /// Until when the lease is surely ours (module docs).
+    valid_until: watch::Receiver<Instant>,
 }
 
 impl ShardReader {
     /// A reader for `shard` in reader session `session`, starting after
     /// `checkpoint`, or else at `start` (the subscription's start position,
-    /// or the shard's beginning for a child of a split or merge).
+    /// or the shard's beginning for a child of a split or merge), acting on
+    /// the lease only while `valid_until` lies ahead.
     pub fn new(
         ctx: ReaderContext,
         shard: ShardId,
@@ -95,6 +108,7 @@ impl ShardReader {
         checkpoint: Option<Checkpoint>,
         start: StartPosition,
         cancel: CancellationToken,
+        valid_until: watch::Receiver<Instant>,
     ) -> Self {
         let position = match checkpoint {
             Some(Checkpoint::Sequence(seq)) => Position::After(seq),
@@ -109,6 +123,7 @@ impl ShardReader {
             next_offset: 0,
             position,
             cancel,
+            valid_until,
         }
     }
 
@@ -167,13 +182,17 @@ impl ShardReader {
             ],
         );
         loop {
-            if self.cancel.is_cancelled() {
+            if self.lease_valid().await.is_none() {
                 return ReaderExit::Cancelled;
             }
             let current = match iterator.take() {
                 Some(it) => it,
                 None => match self.open_iterator().await {
                     Ok(it) => {
+                        // The call may have spanned a pause.
+                        if self.lease_valid().await.is_none() {
+                            return ReaderExit::Cancelled;
+                        }
                         backoff.reset();
                         tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, position = ?self.position, "shard iterator opened");
                         self.ctx
@@ -332,16 +351,65 @@ impl ShardReader {
             };
             self.next_offset += 1;
             let sequence = record.sequence.clone();
-            let sent = tokio::select! {
-                _ = self.cancel.cancelled() => false,
-                r = self.ctx.deliveries.send(Delivery { record, ticket }) => r.is_ok(),
-            };
-            if !sent {
+            if !self.deliver(Delivery { record, ticket }).await {
                 return false;
             }
             self.position = Position::After(sequence);
         }
         true
+    }
+
+    /// Puts one delivery into the channel while the lease is valid: a send
+    /// waiting on a full channel is withdrawn at the validity deadline and
+    /// resumes only after a renewal. False when cancelled, the lease is gone
+    /// or the channel closed.
+    async fn deliver(&mut self, mut delivery: Delivery) -> bool {
+        loop {
+            let Some(until) = self.lease_valid().await else {
+                return false;
+            };
+            delivery = match self.ctx.deliveries.try_send(delivery) {
+                Ok(()) => return true,
+                Err(async_channel::TrySendError::Closed(_)) => return false,
+                Err(async_channel::TrySendError::Full(delivery)) => delivery,
+            };
+            // A pending send that is dropped has delivered nothing.
+            tokio::select! {
+                _ = self.cancel.cancelled() => return false,
+                _ = tokio::time::sleep_until(until) => {}
+                r = self.ctx.deliveries.send(delivery.clone()) => return r.is_ok(),
+            }
+        }
+    }
+
+    /// Waits until the lease is surely ours and returns until when; `None`
+    /// when cancelled or the keeper let go of the lease.
+    async fn lease_valid(&mut self) -> Option<Instant> {
+        let mut waited = false;
+        loop {
+            if self.cancel.is_cancelled() {
+                return None;
+            }
+            let until = *self.valid_until.borrow_and_update();
+            if Instant::now() < until {
+                if waited {
+                    tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "lease renewed; reader goes on");
+                }
+                return Some(until);
+            }
+            if !waited {
+                tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "lease not renewed within its duration; reader waits for the keeper");
+                waited = true;
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return None,
+                changed = self.valid_until.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                }
+            }
+        }
     }
 
     async fn send_settlement(&self, msg: SettlementMsg) -> bool {

@@ -503,6 +503,32 @@ async fn a_paused_instance_is_fenced_out_when_it_resumes() {
         .collect();
 
     a.signal("STOP").unwrap();
+    // One marker per key, put while host-a is stopped: on each shard, a
+    // record at or after its first marker cannot have been read before the
+    // pause.
+    let client = kinesis.client();
+    let mut put_while_paused: HashMap<String, String> = HashMap::new();
+    for k in 0..20 {
+        let out = client
+            .put_record()
+            .stream_name(&stream)
+            .partition_key(format!("key-{k}"))
+            .data(aws_sdk_kinesis::primitives::Blob::new(format!(
+                "marker-{k}"
+            )))
+            .send()
+            .await
+            .unwrap();
+        put_while_paused
+            .entry(out.shard_id().to_owned())
+            .or_insert_with(|| out.sequence_number().to_owned());
+    }
+    for shard in &a_shards {
+        assert!(
+            put_while_paused.contains_key(shard),
+            "no marker landed on {shard}"
+        );
+    }
     // Past the lease duration (3 s), plus a sync for b to notice.
     wait_counts(&dynalite, &table, &[4], Duration::from_secs(30)).await;
     let taken = lease_table(&dynalite, &table).await;
@@ -527,7 +553,8 @@ async fn a_paused_instance_is_fenced_out_when_it_resumes() {
     // Once resumed, host-a may legitimately take shards back through the
     // balancer (it now holds nothing); what it must never do is act on the
     // leases it lost: before it takes a shard anew, it writes no checkpoint
-    // for it and does not read it.
+    // for it, does not read it, and hands out nothing it had not read
+    // before the pause (records in flight at the pause may still finish).
     let after = lease_table(&dynalite, &table).await;
     for shard in &a_shards {
         let (owner, counter, checkpoint) = &after[shard];
@@ -568,6 +595,13 @@ async fn a_paused_instance_is_fenced_out_when_it_resumes() {
                 message, "shard iterator opened",
                 "host-a read {shard} on a lost lease"
             );
+            if field(line, "target") == "guest" && message.starts_with("handled data=") {
+                let seq = field(line, "sequence_number");
+                assert!(
+                    seq_key(seq) < seq_key(&put_while_paused[shard]),
+                    "host-a handled {shard}/{seq}, put while it was paused, on a lost lease: {message}"
+                );
+            }
         }
     }
     stop.store(true, Ordering::SeqCst);

@@ -14,6 +14,21 @@
 //!   at once, and nothing more is checkpointed for it. A renewal that
 //!   reports a hand-over request starts a graceful hand-over.
 //!
+//! # Validity: a reader never hands out records on a lapsed lease
+//! Another instance takes a lease only after watching its counter stand
+//! still for a lease duration, starting no earlier than our last write of
+//! it. So the lease is surely ours until (the moment we *started* our last
+//! successful acquire or renewal) + `lease_duration`. The keeper publishes
+//! that deadline to the shard's reader on a `watch` channel, and the reader
+//! sends nothing into the channel, and opens no iterator, past it: it waits
+//! for the next renewal (which moves the deadline) or for the keeper to
+//! find the lease lost (which stops it). This is what fences an instance
+//! that was paused (SIGSTOP, a long GC-like stall, a VM freeze): when it
+//! resumes, its readers' clocks say the deadline has passed, so they wait
+//! for the keeper instead of racing it with reads of a shard that may have
+//! changed hands. Records already in the channel or in a handler when the
+//! pause began are still handled, as with any crash in flight.
+//!
 //! It also writes the checkpoints settlement requests, in order, through the
 //! store's owner-and-counter-fenced write; `SHARD_END` also releases the
 //! lease (the shard is done).
@@ -68,7 +83,10 @@ fn leases_gauge(ctx: &ReaderContext) -> Gauge {
 
 struct Holding {
     lease: HeldLease,
+    /// When the last successful acquire or renewal was sent.
     renewed_at: Instant,
+    /// `renewed_at + lease_duration`, as the reader sees it (module docs).
+    valid_until: tokio::sync::watch::Sender<Instant>,
     cancel: CancellationToken,
     /// Being given up (hand-over or shutdown) since then.
     releasing: Option<Instant>,
@@ -267,6 +285,7 @@ impl Keeper {
                 continue;
             }
             let key = self.key(&shard);
+            let sent_at = Instant::now();
             match self.store.acquire(&key, &self.owner, seen.as_ref()).await {
                 Ok(lease) => {
                     let info = shards.iter().find(|s| s.id == shard);
@@ -279,7 +298,14 @@ impl Keeper {
                         self.subscription.start
                     };
                     let previous = seen.as_ref().and_then(|l| l.owner.clone());
-                    self.start_reader(&reader_ctx, lease, start, previous, plan.fair_share);
+                    self.start_reader(
+                        &reader_ctx,
+                        lease,
+                        sent_at,
+                        start,
+                        previous,
+                        plan.fair_share,
+                    );
                 }
                 Err(LeaseError::Lost(_)) => {
                     tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, "lease taken by another instance first");
@@ -311,11 +337,14 @@ impl Keeper {
         &mut self,
         reader_ctx: &ReaderContext,
         lease: HeldLease,
+        acquired_at: Instant,
         start: StartPosition,
         previous_owner: Option<OwnerId>,
         fair_share: usize,
     ) {
         let shard = lease.key.shard.clone();
+        let (valid_until, valid_rx) =
+            tokio::sync::watch::channel(acquired_at + self.lease.lease_duration);
         let session = self.next_session;
         self.next_session += 1;
         let cancel = self.readers_cancel.child_token();
@@ -333,6 +362,7 @@ impl Keeper {
             lease.checkpoint.clone(),
             start,
             cancel.clone(),
+            valid_rx,
         );
         let id = shard.clone();
         let owner = self.owner.to_string();
@@ -351,7 +381,8 @@ impl Keeper {
             shard,
             Holding {
                 lease,
-                renewed_at: Instant::now(),
+                renewed_at: acquired_at,
+                valid_until,
                 cancel,
                 releasing: None,
             },
@@ -377,16 +408,25 @@ impl Keeper {
                 }
                 continue;
             }
-            let renewed = match self.store.renew(&holding.lease).await {
-                Err(LeaseError::Lost(_)) => self.recover(&holding.lease).await,
-                other => other,
+            let sent_at = Instant::now();
+            // `wrote`: this renewal moved the counter after `sent_at`. A
+            // recovered lease is ours, but its last write is older: it keeps
+            // its deadline until the next renewal lands.
+            let (renewed, wrote) = match self.store.renew(&holding.lease).await {
+                Err(LeaseError::Lost(_)) => (self.recover(&holding.lease).await, false),
+                other => (other, true),
             };
             match renewed {
                 Ok(lease) => {
                     let handoff = lease.handoff.clone();
                     if let Some(holding) = self.held.get_mut(&shard) {
                         holding.lease = lease;
-                        holding.renewed_at = Instant::now();
+                        if wrote {
+                            holding.renewed_at = sent_at;
+                            holding
+                                .valid_until
+                                .send_replace(sent_at + self.lease.lease_duration);
+                        }
                         if let Some(to) = handoff
                             && holding.releasing.is_none()
                         {
