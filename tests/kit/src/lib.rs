@@ -613,6 +613,9 @@ pub struct HostProcess {
     child: Child,
     lines: Arc<Mutex<Vec<LogLine>>>,
     stderr: Arc<Mutex<String>>,
+    /// The threads collecting stdout and stderr: joined once the process is
+    /// gone, so every line it wrote is in `lines` before a test reads them.
+    collectors: Vec<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
 }
 
@@ -656,7 +659,7 @@ impl HostProcess {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stdout = child.stdout.take().expect("stdout is piped");
         let sink = lines.clone();
-        std::thread::spawn(move || {
+        let out_collector = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 let parsed = serde_json::from_str(&line)
                     .unwrap_or_else(|_| serde_json::json!({ "unparsed": line }));
@@ -666,7 +669,7 @@ impl HostProcess {
         let stderr_text = Arc::new(Mutex::new(String::new()));
         let stderr = child.stderr.take().expect("stderr is piped");
         let sink = stderr_text.clone();
-        std::thread::spawn(move || {
+        let err_collector = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let mut text = sink.lock().unwrap();
                 text.push_str(&line);
@@ -677,6 +680,7 @@ impl HostProcess {
             child,
             lines,
             stderr: stderr_text,
+            collectors: vec![out_collector, err_collector],
             _dir: dir,
         })
     }
@@ -760,7 +764,16 @@ impl HostProcess {
     pub fn kill9(&mut self) -> anyhow::Result<()> {
         self.child.kill()?;
         self.child.wait()?;
+        self.collect_rest();
         Ok(())
+    }
+
+    /// After the exit: waits until the collectors have read the pipes to
+    /// their end.
+    fn collect_rest(&mut self) {
+        for collector in self.collectors.drain(..) {
+            let _ = collector.join();
+        }
     }
 
     /// Sends SIGTERM and waits for the exit.
@@ -774,6 +787,7 @@ impl HostProcess {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait()? {
+                self.collect_rest();
                 return Ok(status);
             }
             if Instant::now() > deadline {
