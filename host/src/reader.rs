@@ -373,8 +373,11 @@ impl ShardReader {
                 Err(async_channel::TrySendError::Closed(_)) => return false,
                 Err(async_channel::TrySendError::Full(delivery)) => delivery,
             };
-            // A pending send that is dropped has delivered nothing.
+            // A pending send that is dropped has delivered nothing. Biased:
+            // when the deadline and the send are ready at once (a resumed
+            // pause), the deadline wins.
             tokio::select! {
+                biased;
                 _ = self.cancel.cancelled() => return false,
                 _ = tokio::time::sleep_until(until) => {}
                 r = self.ctx.deliveries.send(delivery.clone()) => return r.is_ok(),

@@ -83,9 +83,9 @@ fn leases_gauge(ctx: &ReaderContext) -> Gauge {
 
 struct Holding {
     lease: HeldLease,
-    /// When the last successful acquire or renewal was sent.
-    renewed_at: Instant,
-    /// `renewed_at + lease_duration`, as the reader sees it (module docs).
+    /// When the last successful acquire or renewal was sent, plus
+    /// `lease_duration`: until then the lease is surely ours (module docs).
+    /// The reader watches it; a renewal failing past it loses the lease.
     valid_until: tokio::sync::watch::Sender<Instant>,
     cancel: CancellationToken,
     /// Being given up (hand-over or shutdown) since then.
@@ -381,7 +381,6 @@ impl Keeper {
             shard,
             Holding {
                 lease,
-                renewed_at: acquired_at,
                 valid_until,
                 cancel,
                 releasing: None,
@@ -422,7 +421,6 @@ impl Keeper {
                     if let Some(holding) = self.held.get_mut(&shard) {
                         holding.lease = lease;
                         if wrote {
-                            holding.renewed_at = sent_at;
                             holding
                                 .valid_until
                                 .send_replace(sent_at + self.lease.lease_duration);
@@ -438,7 +436,7 @@ impl Keeper {
                 }
                 Err(LeaseError::Lost(_)) => self.lose(&shard, "taken by another instance"),
                 Err(e) => {
-                    let overdue = holding.renewed_at.elapsed() >= self.lease.lease_duration;
+                    let overdue = Instant::now() >= *holding.valid_until.borrow();
                     tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, overdue, "lease renewal failed");
                     if overdue {
                         self.lose(&shard, "not renewed within a lease duration");
