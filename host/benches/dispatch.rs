@@ -73,6 +73,7 @@ fn subscription(dispatch: DispatchMode, batch: Option<usize>) -> Arc<Subscriptio
         dispatch,
         batch: batch.map(|size| BatchConfig {
             size,
+            max_bytes: usize::MAX,
             window: Duration::from_millis(50),
         }),
         failure: FailurePolicy {

@@ -89,6 +89,35 @@ pub struct AwsConfig {
     pub endpoint_url: Option<String>,
     /// DynamoDB endpoint override, for the dynamodb lease store.
     pub dynamodb_endpoint_url: Option<String>,
+    /// Deadlines of every AWS call (Kinesis and DynamoDB).
+    pub timeouts: AwsTimeouts,
+}
+
+/// Deadlines of AWS calls (`[aws] connect_timeout`, `read_timeout`,
+/// `attempt_timeout`, `call_timeout`). Connecting and waiting for an answer
+/// are bounded apart, so a slow network (long round trips) is told from a
+/// dead endpoint (no connection at all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AwsTimeouts {
+    /// Establishing a connection.
+    pub connect: Duration,
+    /// From sending a request to the first byte of its answer.
+    pub read: Duration,
+    /// One attempt, connection and whole answer included.
+    pub attempt: Duration,
+    /// One call, the SDK's retries included.
+    pub call: Duration,
+}
+
+impl Default for AwsTimeouts {
+    fn default() -> Self {
+        Self {
+            connect: defaults::CONNECT_TIMEOUT,
+            read: defaults::READ_TIMEOUT,
+            attempt: defaults::ATTEMPT_TIMEOUT,
+            call: defaults::CALL_TIMEOUT,
+        }
+    }
 }
 
 /// Which lease store backs leases and checkpoints (as written in config).
@@ -171,12 +200,17 @@ impl DispatchMode {
     }
 }
 
-/// Batch handling: `handle-batch` with up to `size` records, or what arrived
-/// within `window` of the batch's first record.
+/// Batch handling: `handle-batch` with up to `size` records and
+/// `max_bytes` bytes, or what arrived within `window` of the batch's first
+/// record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchConfig {
     /// Most records per call.
     pub size: usize,
+    /// Most bytes per call (`max_batch_bytes`): each record's data and
+    /// strings, what is lowered into the guest's memory. A record larger
+    /// than this alone is a batch of one.
+    pub max_bytes: usize,
     /// Longest a batch stays open after its first record.
     pub window: Duration,
 }
@@ -309,6 +343,23 @@ pub mod defaults {
     pub const MAX_WORKERS: i64 = 256;
     /// Most records per batch (Lambda's Kinesis maximum).
     pub const MAX_BATCH_SIZE: i64 = 10_000;
+    /// Most bytes per batch: Lambda's 6 MB invocation payload, and well
+    /// inside the default `max_memory`, so a full batch can be lowered
+    /// into the guest.
+    pub const MAX_BATCH_BYTES: usize = 6 << 20;
+    /// A TCP (and TLS) connection to an AWS endpoint normally takes
+    /// milliseconds; 3 s is many round trips on a slow network, and an
+    /// endpoint that accepts nothing for that long is down.
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+    /// Kinesis and DynamoDB answer in tens of milliseconds; 10 s leaves
+    /// room for seconds of added network latency, and a renewal still
+    /// lands within the default lease duration.
+    pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+    /// One attempt: connection plus a whole answer (a GetRecords answer is
+    /// up to 10 MB).
+    pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
+    /// One call with the SDK's retries (three attempts).
+    pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
     /// KCL's default: a lease whose counter has not moved for 10 s is free.
     pub const LEASE_DURATION: Duration = Duration::from_secs(10);
     /// Renew three times per lease duration, so one slow renewal is harmless.
@@ -357,6 +408,10 @@ struct RawAws {
     region: Option<String>,
     endpoint_url: Option<String>,
     dynamodb_endpoint_url: Option<String>,
+    connect_timeout: Option<String>,
+    read_timeout: Option<String>,
+    attempt_timeout: Option<String>,
+    call_timeout: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -418,6 +473,7 @@ struct RawSubscription {
     by_key: Option<bool>,
     batch_size: Option<i64>,
     batch_window: Option<String>,
+    max_batch_bytes: Option<String>,
     max_attempts: Option<i64>,
     max_record_age: Option<String>,
     on_failure: Option<RawOnFailure>,
@@ -499,12 +555,24 @@ impl Config {
     /// relative to the current directory, as a shell user expects.
     ///
     /// # Errors
-    /// [`ConfigError`] naming the file and key when the file cannot be read,
-    /// is not TOML, has an unknown key, or holds a bad value.
+    /// [`ConfigError`] naming the file and key when the file cannot be read
+    /// (also: not a regular file, or over
+    /// [`MAX_CONFIG_BYTES`](crate::files::MAX_CONFIG_BYTES)), is not TOML,
+    /// has an unknown key, or holds a bad value.
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(file).map_err(|reason| ConfigError::Read {
+        let read_error = |reason| ConfigError::Read {
             file: file.to_owned(),
             reason,
+        };
+        // A regular file of bounded size only: `--config /dev/zero` (or a
+        // FIFO) must fail at once, not read forever.
+        let bytes = crate::files::read_regular(file, crate::files::MAX_CONFIG_BYTES)
+            .map_err(|e| read_error(e.into()))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            read_error(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("not UTF-8 text ({e})"),
+            ))
         })?;
         Self::parse(&text, file)
     }
@@ -557,6 +625,56 @@ impl Validator<'_> {
         }
     }
 
+    /// `[aws]`'s deadlines: each within the next (connect and read within
+    /// an attempt, an attempt within a call).
+    fn aws_timeouts(&self, raw: &RawAws) -> Result<AwsTimeouts, ConfigError> {
+        let t = AwsTimeouts {
+            connect: self.duration(
+                "aws.connect_timeout",
+                raw.connect_timeout.as_deref(),
+                defaults::CONNECT_TIMEOUT,
+            )?,
+            read: self.duration(
+                "aws.read_timeout",
+                raw.read_timeout.as_deref(),
+                defaults::READ_TIMEOUT,
+            )?,
+            attempt: self.duration(
+                "aws.attempt_timeout",
+                raw.attempt_timeout.as_deref(),
+                defaults::ATTEMPT_TIMEOUT,
+            )?,
+            call: self.duration(
+                "aws.call_timeout",
+                raw.call_timeout.as_deref(),
+                defaults::CALL_TIMEOUT,
+            )?,
+        };
+        let within = [
+            (
+                "aws.connect_timeout",
+                t.connect,
+                "aws.attempt_timeout",
+                t.attempt,
+            ),
+            ("aws.read_timeout", t.read, "aws.attempt_timeout", t.attempt),
+            ("aws.attempt_timeout", t.attempt, "aws.call_timeout", t.call),
+        ];
+        for (key, value, outer, limit) in within {
+            if value > limit {
+                return Err(self.invalid(
+                    key,
+                    format!(
+                        "{} is longer than {outer} ({}), which would cut it short",
+                        humantime::format_duration(value),
+                        humantime::format_duration(limit)
+                    ),
+                ));
+            }
+        }
+        Ok(t)
+    }
+
     fn duration(
         &self,
         key: &str,
@@ -576,6 +694,21 @@ impl Validator<'_> {
             return Err(self.invalid(key, format!("{value:?} must be longer than zero")));
         }
         Ok(parsed)
+    }
+
+    /// `max_batch_bytes`: a size of at least 1 KiB, or the default.
+    fn batch_bytes(&self, key: &str, value: Option<&str>) -> Result<usize, ConfigError> {
+        let Some(text) = value else {
+            return Ok(defaults::MAX_BATCH_BYTES);
+        };
+        match parse_size(text) {
+            Some(bytes) if bytes >= 1 << 10 => Ok(bytes),
+            Some(_) => Err(self.invalid(key, format!("{text:?} is too small: at least 1KiB"))),
+            None => Err(self.invalid(
+                key,
+                format!("{text:?} is not a size; write e.g. \"6MiB\", \"512KiB\""),
+            )),
+        }
     }
 
     fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
@@ -750,6 +883,12 @@ impl Validator<'_> {
                     ));
                 }
             };
+            if sub.batch_size.is_none() && sub.max_batch_bytes.is_some() {
+                return Err(self.invalid(
+                    at("max_batch_bytes"),
+                    "needs `batch_size`: the byte limit only applies to batches",
+                ));
+            }
             let batch = match (sub.batch_size, sub.batch_window) {
                 (None, None) => None,
                 (None, Some(_)) => {
@@ -760,6 +899,8 @@ impl Validator<'_> {
                 }
                 (Some(size @ 1..=defaults::MAX_BATCH_SIZE), window) => Some(BatchConfig {
                     size: size as usize,
+                    max_bytes: self
+                        .batch_bytes(&at("max_batch_bytes"), sub.max_batch_bytes.as_deref())?,
                     window: self.duration(
                         &at("batch_window"),
                         window.as_deref(),
@@ -840,6 +981,19 @@ impl Validator<'_> {
                     }
                 },
             };
+            // A batch set to exceed the guest's whole memory can never be
+            // lowered into it. (The default limit may: such batches split
+            // when lowering fails, see dispatch.)
+            if let (Some(b), Some(text)) = (batch, sub.max_batch_bytes.as_deref())
+                && b.max_bytes > max_memory
+            {
+                return Err(self.invalid(
+                    at("max_batch_bytes"),
+                    format!(
+                        "{text:?} exceeds max_memory ({max_memory} bytes): such a batch cannot be lowered into the guest"
+                    ),
+                ));
+            }
             let fuel = match sub.fuel {
                 None => None,
                 Some(n) if n > 0 => Some(n as u64),
@@ -985,6 +1139,7 @@ impl Validator<'_> {
             max_core_instances,
             admin: AdminConfig { listen, token },
             aws: AwsConfig {
+                timeouts: self.aws_timeouts(&raw.aws)?,
                 region: raw.aws.region,
                 endpoint_url: raw.aws.endpoint_url,
                 dynamodb_endpoint_url: raw.aws.dynamodb_endpoint_url,
@@ -1125,6 +1280,24 @@ start = { at_timestamp = "2026-12-01T00:00:00Z" }
             .batch
             .unwrap();
         assert_eq!(batch.window, Duration::from_secs(2));
+        assert_eq!(batch.max_bytes, defaults::MAX_BATCH_BYTES);
+        let batch = sub("batch_size = 5\nmax_batch_bytes = \"512KiB\"\n")
+            .unwrap()
+            .batch
+            .unwrap();
+        assert_eq!(batch.max_bytes, 512 << 10);
+        for bad in [
+            "max_batch_bytes = \"1MiB\"\n",
+            "batch_size = 5\nmax_batch_bytes = \"1B\"\n",
+            "batch_size = 5\nmax_batch_bytes = \"lots\"\n",
+            "batch_size = 5\nmax_memory = \"4MiB\"\nmax_batch_bytes = \"8MiB\"\n",
+        ] {
+            let err = sub(bad).unwrap_err();
+            assert!(
+                err.contains("subscription[0].max_batch_bytes"),
+                "{bad}: {err}"
+            );
+        }
         assert!(
             sub("by_key = true\n")
                 .unwrap_err()

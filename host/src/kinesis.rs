@@ -3,11 +3,12 @@
 //!
 //! The client comes from the standard AWS config chain (credentials, region,
 //! `AWS_ENDPOINT_URL_KINESIS`), with the `[aws]` section's overrides on top.
-//! Every call has an operation timeout ([`CALL_TIMEOUT`]); the SDK's own
+//! Every call has deadlines from `[aws]` ([`crate::config::AwsTimeouts`]: connecting,
+//! the first byte of an answer, one attempt, the whole call); the SDK's own
 //! retries cover brief failures, and callers add a jittered backoff on top
-//! (throttling is a normal event, not an error).
-
-use std::time::Duration;
+//! (throttling is a normal event, not an error). The defaults survive
+//! seconds of added network latency: a fixed 2 s per attempt once made
+//! 2 s of latency a full outage.
 
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
@@ -17,19 +18,14 @@ use aws_sdk_kinesis::Client;
 use crate::config::AwsConfig;
 use crate::ids::{ShardId, StreamName};
 
-/// Deadline of one Kinesis call, SDK retries included. Short enough that a
-/// hung call never delays lease renewal past a lease duration.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// Deadline of one attempt within a call.
-pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
-
 async fn sdk_config(aws: &AwsConfig) -> aws_config::SdkConfig {
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
         .timeout_config(
             TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(2))
-                .operation_attempt_timeout(ATTEMPT_TIMEOUT)
-                .operation_timeout(CALL_TIMEOUT)
+                .connect_timeout(aws.timeouts.connect)
+                .read_timeout(aws.timeouts.read)
+                .operation_attempt_timeout(aws.timeouts.attempt)
+                .operation_timeout(aws.timeouts.call)
                 .build(),
         )
         .retry_config(RetryConfig::standard().with_max_attempts(3));

@@ -200,6 +200,10 @@ pub enum LeaseError {
     /// The store could not be reached or failed; worth retrying.
     #[error("lease store failed: {0}")]
     Store(String),
+    /// The store refused the call for throughput (DynamoDB throttling);
+    /// worth retrying after a while.
+    #[error("lease store throttled: {0}")]
+    Throttled(String),
 }
 
 /// Storage for leases and checkpoints (see the module docs for the rules

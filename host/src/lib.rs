@@ -29,13 +29,16 @@
 //!
 //! Around them: [`config`] (the TOML config, validated into types),
 //! [`ids`] (newtypes, sequence-number ordering), [`kinesis`] (the client and
-//! calls with deadlines), [`backoff`] and [`logging`].
+//! calls with deadlines), [`files`] (bounded reads of regular files only:
+//! plugins, the config), [`backoff`], [`throttle`] (throttle counts and a
+//! once-an-interval log gate) and [`logging`].
 
 pub mod backoff;
 pub mod channel;
 pub mod config;
 pub mod dispatch;
 pub mod failure;
+pub mod files;
 pub mod ids;
 pub mod kinesis;
 pub mod lease;
@@ -47,3 +50,4 @@ pub mod settlement;
 pub mod supervisor;
 pub mod swap;
 pub mod telemetry;
+pub mod throttle;

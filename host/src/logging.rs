@@ -1,4 +1,7 @@
-//! Log output: human-readable text or one JSON object per line, on stdout.
+//! Log output: human-readable text or one JSON object per line, on stdout;
+//! and the two guards every guest- or producer-controlled string passes
+//! before it is logged or stored: [`cap`] and, in text, control-character
+//! escaping.
 //!
 //! Guest `log` calls arrive as events with target `guest` carrying the
 //! subscription, plugin digest, stream, shard, sequence number and partition
@@ -10,8 +13,131 @@
 //! logged inside one lists them under `spans`; in text, where they would
 //! make every guest line several times longer, they are off unless
 //! `RUST_LOG` turns on their target (`shardlane::otel`).
+//!
+//! # Hostile text
+//! Guests choose their log messages, `retry`/`reject` reasons and (through
+//! function names and stack depth) their trap messages; producers choose
+//! partition keys. Two rules keep them from hurting the log:
+//! - **Size**: each is cut to [`MAX_GUEST_TEXT`] bytes by [`cap`] where it
+//!   enters the host (the `log` import, a call's outcome, a trap), so a
+//!   100 MB reason is neither logged, kept nor dead-lettered whole.
+//! - **Lines**: in text output every field value and message is written
+//!   through an escaper: C0 and C1 control characters, DEL and the Unicode
+//!   line and paragraph separators become `\n`, `\r`, `\t` or `\u{..}`, so
+//!   no value can start a line of its own (a forged
+//!   `2030-01-01T00:00:00Z INFO shardlane::supervisor: shardlane stopped`)
+//!   or drive a terminal. JSON output escapes them already.
+
+use std::borrow::Cow;
+use std::fmt;
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::field::RecordFields;
+use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::format::{DefaultFields, Writer};
+
+/// Longest guest- or producer-controlled text kept (a log message, a
+/// reason, a trap message): ample for a message or a backtrace worth
+/// reading, small enough that a flood of them cannot fill the log or the
+/// host's memory.
+pub const MAX_GUEST_TEXT: usize = 8 * 1024;
+
+/// What a cut string ends with, so a reader knows it was cut.
+const CUT_MARK: &str = "…[truncated]";
+
+/// Cuts `text` to at most `max` bytes (at a char boundary) and marks it as
+/// cut; text within `max` is left alone. The one place guest text is cut.
+pub fn cap(text: &mut String, max: usize) {
+    if text.len() <= max {
+        return;
+    }
+    let mut cut = max.saturating_sub(CUT_MARK.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(CUT_MARK);
+    // A 100 MB reason should not stay 100 MB of capacity.
+    text.shrink_to_fit();
+}
+
+/// [`cap`] for borrowed text: borrowed when it fits, a cut copy otherwise.
+pub fn capped(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return Cow::Borrowed(text);
+    }
+    let mut cut = max.saturating_sub(CUT_MARK.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut out = String::with_capacity(cut + CUT_MARK.len());
+    out.push_str(&text[..cut]);
+    out.push_str(CUT_MARK);
+    Cow::Owned(out)
+}
+
+/// True for a character that must not reach a text log line as itself:
+/// C0 controls, DEL, C1 controls, and the Unicode line and paragraph
+/// separators.
+fn must_escape(c: char) -> bool {
+    c.is_control() || c == '\u{2028}' || c == '\u{2029}'
+}
+
+/// Writes `s` to `out` with every character [`must_escape`] says escaped.
+fn write_escaped(out: &mut dyn fmt::Write, s: &str) -> fmt::Result {
+    let mut rest = s;
+    while let Some(at) = rest.find(must_escape) {
+        out.write_str(&rest[..at])?;
+        let c = rest[at..]
+            .chars()
+            .next()
+            .expect("find returned a char's index");
+        match c {
+            '\n' => out.write_str("\\n")?,
+            '\r' => out.write_str("\\r")?,
+            '\t' => out.write_str("\\t")?,
+            c => write!(out, "\\u{{{:x}}}", c as u32)?,
+        }
+        rest = &rest[at + c.len_utf8()..];
+    }
+    out.write_str(rest)
+}
+
+/// `s` with control characters escaped as text output writes it.
+pub fn escape_controls(s: &str) -> Cow<'_, str> {
+    if !s.contains(must_escape) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    // Writing to a String cannot fail.
+    let _ = write_escaped(&mut out, s);
+    Cow::Owned(out)
+}
+
+/// A `fmt::Write` that escapes what passes through it.
+struct Escaping<'a, 'w> {
+    inner: &'a mut Writer<'w>,
+}
+
+impl fmt::Write for Escaping<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        write_escaped(self.inner, s)
+    }
+}
+
+/// Text output's field formatter: tracing-subscriber's own, with every
+/// message and value written through the escaper (see "Hostile text").
+/// The fields of one event or span are all a guest or producer can reach,
+/// so the line's structure (time, level, target) stays the host's.
+#[derive(Default)]
+struct EscapedFields(DefaultFields);
+
+impl<'w> FormatFields<'w> for EscapedFields {
+    fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {
+        let mut escaping = Escaping { inner: &mut writer };
+        self.0.format_fields(Writer::new(&mut escaping), fields)
+    }
+}
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -34,11 +160,149 @@ pub fn init(format: LogFormat) {
         .with_env_filter(filter)
         .with_writer(std::io::stdout);
     match format {
-        LogFormat::Text => builder.with_ansi(false).init(),
+        LogFormat::Text => builder
+            .with_ansi(false)
+            .fmt_fields(EscapedFields::default())
+            .init(),
         LogFormat::Json => builder
             .json()
             .flatten_event(true)
             .with_current_span(false)
             .init(),
+    }
+}
+
+/// Lets a log line through at most once an interval, counting what it kept
+/// back: for events that can come by the thousand a second (throttling,
+/// refused requests, failing accepts), so the log says how often without
+/// becoming the outage.
+#[derive(Debug)]
+pub struct LogGate {
+    interval: std::time::Duration,
+    last: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl LogGate {
+    /// A gate that opens at most once per `interval`.
+    pub fn every(interval: std::time::Duration) -> Self {
+        Self {
+            interval,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// Notes one event at `now`: `Some(n)` when it is to be logged, `n`
+    /// being the events kept back since the last logged one.
+    pub fn note(&mut self, now: std::time::Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.saturating_duration_since(last) < self.interval => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn the_gate_logs_the_first_then_once_per_interval_with_a_count() {
+        let mut gate = LogGate::every(std::time::Duration::from_secs(10));
+        let t0 = std::time::Instant::now();
+        assert_eq!(gate.note(t0), Some(0));
+        for ms in 1..=500 {
+            assert_eq!(gate.note(t0 + std::time::Duration::from_millis(ms)), None);
+        }
+        assert_eq!(
+            gate.note(t0 + std::time::Duration::from_secs(10)),
+            Some(500)
+        );
+        assert_eq!(gate.note(t0 + std::time::Duration::from_secs(11)), None);
+        assert_eq!(gate.note(t0 + std::time::Duration::from_secs(30)), Some(1));
+    }
+
+    #[test]
+    fn cap_cuts_at_a_char_boundary_and_marks_the_cut() {
+        let mut short = "fits".to_owned();
+        cap(&mut short, 10);
+        assert_eq!(short, "fits");
+        // 'é' is two bytes: a cut inside one moves back to its start.
+        let mut long = "é".repeat(100);
+        cap(&mut long, 50 + CUT_MARK.len() + 1);
+        assert!(long.len() <= 50 + CUT_MARK.len() + 1, "{}", long.len());
+        assert!(long.ends_with(CUT_MARK));
+        assert_eq!(long.trim_end_matches(CUT_MARK), "é".repeat(25));
+        let big = "x".repeat(10_000_000);
+        let cut = capped(&big, MAX_GUEST_TEXT);
+        assert_eq!(cut.len(), MAX_GUEST_TEXT);
+        assert!(cut.ends_with(CUT_MARK));
+        let mut owned = big.clone();
+        cap(&mut owned, MAX_GUEST_TEXT);
+        assert_eq!(owned, cut);
+        assert!(
+            owned.capacity() < 2 * MAX_GUEST_TEXT,
+            "the memory is given back"
+        );
+        assert!(matches!(capped("short", 10), Cow::Borrowed("short")));
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert!(matches!(escape_controls("plain ✓"), Cow::Borrowed(_)));
+        assert_eq!(
+            escape_controls("a\nb\rc\td\x1b[31me\u{85}f\u{2028}g\u{7f}h\0"),
+            "a\\nb\\rc\\td\\u{1b}[31me\\u{85}f\\u{2028}g\\u{7f}h\\u{0}"
+        );
+    }
+
+    /// A writer collecting what a subscriber writes.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn text_output_cannot_be_forged_by_a_value() {
+        const FORGED: &str =
+            "2030-01-01T00:00:00.000000Z INFO shardlane::supervisor: shardlane stopped";
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .fmt_fields(EscapedFields::default())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let message = format!("hello\n{FORGED}");
+            let key = format!("k\r\n{FORGED}\x1b[2J");
+            let reason = format!("no\n{FORGED}");
+            tracing::info!(target: "guest", partition_key = %key, reason, "{message}");
+            tracing::warn!(error = %format_args!("trap\n{FORGED}"), "handler failed");
+        });
+        let out = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(out.lines().count(), 2, "{out}");
+        for line in out.lines() {
+            assert!(!line.starts_with("2030-"), "{line}");
+            assert!(!line.contains('\x1b'), "{line}");
+        }
+        assert!(out.contains("hello\\n2030-01-01"), "{out}");
+        assert!(out.contains("partition_key=k\\r\\n2030"), "{out}");
     }
 }

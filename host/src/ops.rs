@@ -20,19 +20,50 @@
 //! It listens on loopback by default (`[admin] listen`). Write endpoints
 //! need `Authorization: Bearer <token>` with the token from `[admin] token`
 //! or `SHARDLANE_ADMIN_TOKEN`; with no token configured they are off (403),
-//! and a missing or wrong token gets 401. Neither changes anything.
+//! and a missing or wrong token gets 401. Neither changes anything. The
+//! token is checked before anything else about a write (its subscription,
+//! its parameters, its body), and compared in constant time. Subscription
+//! names in paths are percent-decoded (`/subscriptions/my%2Dsub/plugin`).
+//!
+//! # Limits
+//!
+//! A caller without the token must not be able to take `/healthz` down, so
+//! every connection is bounded (each limit's constant says why): a
+//! request head must arrive within [`HEADER_READ_TIMEOUT`] (also the
+//! keep-alive idle bound), an upload within [`BODY_READ_TIMEOUT`] (else
+//! 408; a body over [`MAX_PLUGIN_UPLOAD`] is 413, a malformed one 400), a
+//! connection lives at most [`CONNECTION_LIFETIME`], and at most
+//! [`MAX_CONNECTIONS`] are open at once (one more is answered 503 and
+//! closed). When accept fails (at the file-descriptor limit it fails at
+//! once, every time) the loop backs off from 10 ms to 1 s. Refused writes,
+//! connections over the cap and accept failures are each logged at most
+//! once per [`LOG_INTERVAL`], with the number left out, and request paths
+//! and names in those lines are cut to [`MAX_LOGGED`] bytes.
+
+mod limits;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+
+pub use limits::{
+    ACCEPT_BACKOFF_FIRST, ACCEPT_BACKOFF_MAX, BODY_READ_TIMEOUT, CONNECTION_LIFETIME,
+    HEADER_READ_TIMEOUT, IDLE_TIMEOUT, LOG_INTERVAL, MAX_CONNECTIONS, MAX_LOGGED,
+};
+use limits::{AcceptBackoff, LogGate, capped};
 
 use crate::dispatch::routing::KeySlice;
 use crate::swap::{CanaryError, PluginSlot};
@@ -52,37 +83,75 @@ pub struct OpsState {
     pub token: Option<String>,
 }
 
-/// Serves until `shutdown`.
+/// Serves until `shutdown`, within the [limits](self#limits).
 pub async fn serve(listener: TcpListener, state: Arc<OpsState>, shutdown: CancellationToken) {
+    // Shared by the connections; a std Mutex, held only for one `note`
+    // and never across an `.await`.
+    let refusals = Arc::new(Mutex::new(LogGate::every(LOG_INTERVAL)));
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut over_cap = LogGate::every(LOG_INTERVAL);
+    let mut backoff = AcceptBackoff::default();
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
     let mut connections = tokio::task::JoinSet::new();
     loop {
-        let (stream, _) = tokio::select! {
+        let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin listener: accept failed");
-                    continue;
-                }
-            },
+            accepted = listener.accept() => accepted,
         };
-        let state = state.clone();
-        connections.spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(route(&state, req).await) }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %e, "admin connection ended with an error");
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                backoff.succeeded();
+                stream
             }
-        });
+            Err(e) => {
+                let (pause, log) = backoff.failed(Instant::now());
+                if let Some(suppressed) = log {
+                    tracing::warn!(error = %e, suppressed, retry_in = ?pause, "admin listener: accept failed; backing off");
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(pause) => continue,
+                }
+            }
+        };
         // Reap finished connections so the set stays small.
         while connections.try_join_next().is_some() {}
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refuse_over_cap(&stream);
+            if let Some(suppressed) = over_cap.note(Instant::now()) {
+                tracing::warn!(
+                    max_connections = MAX_CONNECTIONS,
+                    suppressed,
+                    "admin: connection over the cap refused"
+                );
+            }
+            continue;
+        };
+        let (state, refusals, http) = (state.clone(), refusals.clone(), http.clone());
+        connections.spawn(async move {
+            let _slot = slot;
+            let service = hyper::service::service_fn(move |req| {
+                let (state, refusals) = (state.clone(), refusals.clone());
+                async move { Ok::<_, Infallible>(route(&state, &refusals, req).await) }
+            });
+            let connection = http.serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(error = %e, "admin connection ended with an error"),
+                Err(_) => tracing::debug!(lifetime = ?CONNECTION_LIFETIME, "admin connection closed: open too long"),
+            }
+        });
     }
     connections.abort_all();
+}
+
+/// Answers a connection over [`MAX_CONNECTIONS`] 503 if its socket takes
+/// the few bytes at once (it never waits), then closes it (on drop).
+fn refuse_over_cap(stream: &TcpStream) {
+    const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 26\r\nconnection: close\r\n\r\ntoo many admin connections";
+    let _ = stream.try_write(BUSY);
 }
 
 fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
@@ -95,7 +164,11 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
     response
 }
 
-async fn route(state: &OpsState, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn route(
+    state: &OpsState,
+    refusals: &Mutex<LogGate>,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     match (&method, path.as_str()) {
@@ -126,22 +199,45 @@ async fn route(state: &OpsState, req: Request<Incoming>) -> Response<Full<Bytes>
         (method, p) if p.starts_with("/subscriptions/") => {
             let rest = &p["/subscriptions/".len()..];
             let (name, action) = rest.split_once('/').unwrap_or((rest, ""));
-            let query = req.uri().query().unwrap_or_default().to_owned();
-            match (method, action) {
-                (&Method::PUT, "plugin") => admin(state, name, req, Admin::Swap).await,
-                (&Method::PUT, "canary") => match key_fraction(&query) {
-                    Ok(slice) => admin(state, name, req, Admin::Canary(slice)).await,
-                    Err(message) => text(StatusCode::BAD_REQUEST, message),
-                },
-                (&Method::POST, "canary/promote") => admin(state, name, req, Admin::Promote).await,
-                (&Method::POST, "canary/rollback") => {
-                    admin(state, name, req, Admin::Rollback).await
-                }
-                _ => text(StatusCode::NOT_FOUND, "not found\n"),
+            let write = match (method, action) {
+                (&Method::PUT, "plugin") => Write::Swap,
+                (&Method::PUT, "canary") => Write::Canary,
+                (&Method::POST, "canary/promote") => Write::Promote,
+                (&Method::POST, "canary/rollback") => Write::Rollback,
+                _ => return text(StatusCode::NOT_FOUND, "not found\n"),
+            };
+            // The token first: a caller without it learns nothing about
+            // names or parameters.
+            if let Some(refused) = unauthorized(state, refusals, &req) {
+                return refused;
             }
+            let Ok(name) = percent_encoding::percent_decode_str(name).decode_utf8() else {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    "the subscription name is not UTF-8 once percent-decoded\n",
+                );
+            };
+            let action = match write {
+                Write::Swap => Admin::Swap,
+                Write::Canary => match key_fraction(req.uri().query().unwrap_or_default()) {
+                    Ok(slice) => Admin::Canary(slice),
+                    Err(message) => return text(StatusCode::BAD_REQUEST, message),
+                },
+                Write::Promote => Admin::Promote,
+                Write::Rollback => Admin::Rollback,
+            };
+            admin(state, &name, req, action).await
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
+}
+
+/// A write route, before its parameters are read.
+enum Write {
+    Swap,
+    Canary,
+    Promote,
+    Rollback,
 }
 
 /// A write through the admin API.
@@ -166,39 +262,59 @@ fn key_fraction(query: &str) -> Result<KeySlice, String> {
         .parse::<f64>()
         .ok()
         .and_then(KeySlice::new)
-        .ok_or_else(|| format!("key_fraction {value:?}: must be a number more than 0 (at least 0.000001), at most 1\n"))
+        .ok_or_else(|| {
+            format!(
+                "key_fraction {:?}: must be a number more than 0 (at least 0.000001), at most 1\n",
+                capped(value)
+            )
+        })
 }
 
 /// The refusal of a write without the admin token; `None` when it carries
-/// the token.
+/// the token. Refusals are logged at most once per [`LOG_INTERVAL`].
 fn unauthorized(
     state: &OpsState,
+    refusals: &Mutex<LogGate>,
     req: &Request<Incoming>,
-    name: &str,
 ) -> Option<Response<Full<Bytes>>> {
-    let Some(token) = &state.token else {
-        return Some(text(
-            StatusCode::FORBIDDEN,
-            "admin writes are off: set [admin] token or SHARDLANE_ADMIN_TOKEN\n",
-        ));
-    };
     let presented = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if presented != Some(token.as_str()) {
-        tracing::warn!(
-            subscription = name,
-            path = req.uri().path(),
-            "admin: unauthenticated write refused"
-        );
-        return Some(text(
+    let refused = match (&state.token, presented) {
+        (None, _) => text(
+            StatusCode::FORBIDDEN,
+            "admin writes are off: set [admin] token or SHARDLANE_ADMIN_TOKEN\n",
+        ),
+        (Some(token), Some(presented)) if same_token(token, presented) => return None,
+        (Some(_), _) => text(
             StatusCode::UNAUTHORIZED,
             "a valid bearer token is required\n",
-        ));
+        ),
+    };
+    let log = refusals
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .note(Instant::now());
+    if let Some(suppressed) = log {
+        tracing::warn!(
+            status = refused.status().as_u16(),
+            path = %capped(req.uri().path()),
+            suppressed,
+            "admin: write refused"
+        );
     }
-    None
+    Some(refused)
+}
+
+/// Whether `presented` is `token`, in time independent of both: their
+/// SHA-256 digests (fixed length, so the token's length does not show)
+/// compared in constant time.
+fn same_token(token: &str, presented: &str) -> bool {
+    Sha256::digest(token.as_bytes())
+        .ct_eq(&Sha256::digest(presented.as_bytes()))
+        .into()
 }
 
 async fn admin(
@@ -207,30 +323,17 @@ async fn admin(
     req: Request<Incoming>,
     action: Admin,
 ) -> Response<Full<Bytes>> {
-    if let Some(refused) = unauthorized(state, &req, name) {
-        return refused;
-    }
     let Some(slot) = state.slots.get(name) else {
         return text(
             StatusCode::NOT_FOUND,
-            format!("no subscription named {name:?}\n"),
+            format!("no subscription named {:?}\n", capped(name)),
         );
     };
     let upload = match action {
-        Admin::Swap | Admin::Canary(_) => {
-            match Limited::new(req.into_body(), MAX_PLUGIN_UPLOAD)
-                .collect()
-                .await
-            {
-                Ok(body) => body.to_bytes().to_vec(),
-                Err(e) => {
-                    return text(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        format!("cannot read the upload: {e}\n"),
-                    );
-                }
-            }
-        }
+        Admin::Swap | Admin::Canary(_) => match read_upload(req).await {
+            Ok(upload) => upload,
+            Err(refused) => return refused,
+        },
         Admin::Promote | Admin::Rollback => Vec::new(),
     };
     let done = match action {
@@ -255,6 +358,28 @@ async fn admin(
         ),
         Err(e @ CanaryError::NoCanary(_)) => text(StatusCode::CONFLICT, format!("{e}\n")),
         Err(CanaryError::Plugin(e)) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")),
+    }
+}
+
+/// The body of an upload: 413 over [`MAX_PLUGIN_UPLOAD`], 408 when it
+/// takes longer than [`BODY_READ_TIMEOUT`], 400 when it is malformed (a bad
+/// chunked encoding) or cut short.
+async fn read_upload(req: Request<Incoming>) -> Result<Vec<u8>, Response<Full<Bytes>>> {
+    let body = Limited::new(req.into_body(), MAX_PLUGIN_UPLOAD).collect();
+    match tokio::time::timeout(BODY_READ_TIMEOUT, body).await {
+        Ok(Ok(body)) => Ok(body.to_bytes().to_vec()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the upload is over {MAX_PLUGIN_UPLOAD} bytes\n"),
+        )),
+        Ok(Err(e)) => Err(text(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the upload: {e}\n"),
+        )),
+        Err(_) => Err(text(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the upload took longer than {BODY_READ_TIMEOUT:?}\n"),
+        )),
     }
 }
 
@@ -336,4 +461,17 @@ fn status_page(state: &OpsState) -> String {
     }
     html.push_str("</body></html>");
     html
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_matches_only_itself_whatever_the_length() {
+        assert!(same_token("s3cret", "s3cret"));
+        for wrong in ["", "s3cre", "s3creT", "s3cret ", "s3cret-and-more"] {
+            assert!(!same_token("s3cret", wrong), "{wrong:?}");
+        }
+    }
 }

@@ -7,7 +7,9 @@
 //! returned records is followed at once by the next; an empty one waits
 //! `poll_idle`.
 //!
-//! Failures: throttling backs off with jitter and keeps the iterator; an
+//! Failures: throttling backs off with jitter and keeps the iterator (and
+//! is counted per shard and logged at WARN at most once an interval: see
+//! [`crate::throttle`]); an
 //! expired iterator is reopened after the last record this reader handed
 //! out (never at the tip, which would skip records); other errors back off
 //! and retry. The end of a closed shard (no next iterator) is reported to
@@ -181,6 +183,13 @@ impl ShardReader {
                 ("shard_id", self.shard.as_str()),
             ],
         );
+        let throttles = crate::throttle::counter(
+            &self.ctx.telemetry,
+            self.ctx.subscription.name.as_str(),
+            "kinesis",
+            self.shard.as_str(),
+        );
+        let mut throttle_log = crate::logging::LogGate::every(crate::throttle::LOG_INTERVAL);
         loop {
             if self.lease_valid().await.is_none() {
                 return ReaderExit::Cancelled;
@@ -264,7 +273,10 @@ impl ShardReader {
                         s.is_provisioned_throughput_exceeded_exception()
                             || s.is_kms_throttling_exception()
                     }) {
-                        tracing::debug!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, ?wait, "read throttled; backing off");
+                        throttles.inc();
+                        if let Some(suppressed) = throttle_log.note(std::time::Instant::now()) {
+                            tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, suppressed, ?wait, "read throttled; backing off (logged at most once every 10 s; suppressed: since the last line)");
+                        }
                     } else {
                         tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %aws_sdk_kinesis::error::DisplayErrorContext(&e), ?wait, "GetRecords failed; retrying");
                     }

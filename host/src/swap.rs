@@ -10,7 +10,12 @@
 //! from the admin API. It is compiled and validated off the hot path (a
 //! blocking task): it must be a component of the same world as the running
 //! version, with every import provided. If that fails, the running version
-//! stays and the error is logged with the file and the reason.
+//! stays and the error is logged with the file and the reason. The file is
+//! read only when it is a regular file of at most
+//! [`MAX_PLUGIN_BYTES`](crate::files::MAX_PLUGIN_BYTES), without blocking
+//! on the open (see [`files`](crate::files)): a FIFO, a device or an
+//! oversized file swapped in is refused the same way, the watcher keeps
+//! watching, and shutdown never waits for a read.
 //!
 //! When valid, the slot's generation moves on. Every lane checks the
 //! generation at its next record or batch boundary: calls in flight finish
@@ -49,6 +54,7 @@ use crate::channel::Record;
 use crate::config::SandboxConfig;
 use crate::dispatch::routing::KeySlice;
 use crate::dispatch::{Handler, HandlerFactory};
+use crate::files;
 use crate::ids::{LaneId, SubscriptionName};
 use crate::plugin::{CallError, Instance, Outcome, Plugin, PluginDigest, PluginError, PluginHost};
 use crate::telemetry::{Counter, SubscriptionStatus, Telemetry};
@@ -498,19 +504,50 @@ impl PluginSlot {
                     _ = rx.recv() => continue,
                 }
             }
-            let bytes = match tokio::fs::read(&self.path).await {
+            let read = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                read = read_plugin_file(self.path.clone()) => read,
+            };
+            let bytes = match read {
                 Ok(bytes) => bytes,
                 Err(e) => {
                     tracing::warn!(subscription = %self.subscription, plugin = %self.path.display(), error = %e, "plugin file changed but cannot be read; waiting for the next change");
                     continue;
                 }
             };
-            if let Ok(report) = self.swap(bytes, "file").await
+            let swapped = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                swapped = self.swap(bytes, "file") => swapped,
+            };
+            if let Ok(report) = swapped
                 && report.changed
             {
                 tracing::info!(subscription = %self.subscription, since_file_change_ms = detected.elapsed().as_millis() as u64, "plugin file change is live");
             }
         }
+    }
+}
+
+/// Reads the plugin file as [`files::read_regular`] does (a regular file, at
+/// most [`files::MAX_PLUGIN_BYTES`], never blocking on the open), on a thread
+/// of its own.
+///
+/// Not tokio's blocking pool: a read stuck in the kernel (a hung network
+/// filesystem) would hold that pool's thread, and the runtime waits for its
+/// threads when it shuts down. This thread owns nothing but the read; the
+/// watcher stops waiting for it at shutdown, and it ends with the process.
+async fn read_plugin_file(path: PathBuf) -> std::io::Result<Vec<u8>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("plugin-read".into())
+        .spawn(move || {
+            let _ = tx.send(files::read_regular(&path, files::MAX_PLUGIN_BYTES));
+        })?;
+    match rx.await {
+        Ok(read) => read.map_err(Into::into),
+        Err(_) => Err(std::io::Error::other(
+            "the reading thread ended without a result",
+        )),
     }
 }
 

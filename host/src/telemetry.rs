@@ -148,6 +148,63 @@ pub struct SubscriptionStatus {
     pub lanes: Mutex<BTreeMap<u32, Counter>>,
     /// The keeper finished its first shard sync.
     pub synced: AtomicBool,
+    /// Whether every shard of the stream is read by someone (the keeper
+    /// writes it after each sync).
+    pub coverage: Mutex<Coverage>,
+}
+
+/// What the keeper's syncs say about the shards nobody reads.
+#[derive(Debug, Default, Clone)]
+pub struct Coverage {
+    /// How long shards may go unread, or syncs fail, before the
+    /// subscription stops counting as ready; zero: never (not yet set).
+    pub grace: Duration,
+    /// When the last sync succeeded.
+    pub last_sync: Option<Instant>,
+    /// Eligible shards nobody held after the last sync.
+    pub unread: usize,
+    /// Since when some shard has been unread, sync after sync.
+    pub unread_since: Option<Instant>,
+}
+
+impl Coverage {
+    /// Why the subscription is not covered at `now`, if it is not: some
+    /// shard unread for longer than the grace, or no successful sync for
+    /// that long.
+    pub fn problem(&self, now: Instant) -> Option<String> {
+        if self.grace.is_zero() {
+            return None;
+        }
+        if let Some(since) = self.unread_since
+            && now.duration_since(since) > self.grace
+        {
+            return Some(format!(
+                "{} shard(s) read by nobody for {:?}",
+                self.unread,
+                now.duration_since(since)
+            ));
+        }
+        if let Some(at) = self.last_sync
+            && now.duration_since(at) > self.grace
+        {
+            return Some(format!(
+                "no successful shard sync for {:?}",
+                now.duration_since(at)
+            ));
+        }
+        None
+    }
+
+    /// Records a sync that left `unread` shards unheld at `now`.
+    pub fn synced(&mut self, unread: usize, now: Instant) {
+        self.last_sync = Some(now);
+        self.unread = unread;
+        if unread == 0 {
+            self.unread_since = None;
+        } else {
+            self.unread_since.get_or_insert(now);
+        }
+    }
 }
 
 impl SubscriptionStatus {
@@ -163,9 +220,17 @@ impl SubscriptionStatus {
         lanes.entry(lane).or_default().clone()
     }
 
-    /// Ready: synced, and every shard this instance reads is positioned.
+    /// Ready: synced, every shard of the stream read by someone (see
+    /// [`Coverage::problem`]), and every shard this instance reads
+    /// positioned.
     pub fn ready(&self) -> bool {
         self.synced.load(Ordering::Relaxed)
+            && self
+                .coverage
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .problem(Instant::now())
+                .is_none()
             && self
                 .shards
                 .lock()
@@ -421,6 +486,39 @@ fn fmt_labels(labels: &Labels, le: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn coverage_fails_only_past_the_grace() {
+        let t0 = Instant::now();
+        let s = |secs| t0 + Duration::from_secs(secs);
+        let mut c = Coverage::default();
+        assert_eq!(c.problem(s(100)), None, "no grace set: no verdict");
+        c.grace = Duration::from_secs(5);
+        c.synced(0, t0);
+        assert_eq!(c.problem(s(4)), None);
+        c.synced(2, s(4));
+        assert_eq!(c.problem(s(8)), None, "unread, within the grace");
+        c.synced(1, s(8));
+        let problem = c.problem(s(10)).expect("unread since 4 s, for 6 s");
+        assert!(problem.contains("1 shard(s) read by nobody"), "{problem}");
+        c.synced(0, s(10));
+        assert_eq!(c.problem(s(11)), None, "read again");
+        let stale = c.problem(s(16)).expect("no sync for 6 s");
+        assert!(stale.contains("no successful shard sync"), "{stale}");
+    }
+
+    #[test]
+    fn a_subscription_with_shards_nobody_reads_is_not_ready() {
+        let t = Telemetry::new();
+        let status = t.subscription("s", "sequential".into());
+        status.synced.store(true, Ordering::Relaxed);
+        status.coverage.lock().unwrap().grace = Duration::from_secs(1);
+        status.coverage.lock().unwrap().synced(0, Instant::now());
+        assert!(t.ready());
+        status.coverage.lock().unwrap().unread_since =
+            Some(Instant::now() - Duration::from_secs(2));
+        assert!(!t.ready());
+    }
 
     #[test]
     fn renders_prometheus_text() {

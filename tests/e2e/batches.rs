@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use shardlane_testkit::{HostProcess, Kinesis, guests, unique_name};
 
-use crate::common::{config, field, guest_lines, shardlane_bin};
+use crate::common::{config, field, guest_lines, shardlane_bin, wait_checkpoint};
 
 fn batch_sizes(lines: &[shardlane_testkit::LogLine]) -> Vec<usize> {
     guest_lines(lines, "batch size=")
@@ -97,17 +97,13 @@ async fn mixed_outcomes_settle_record_by_record() {
     );
     let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
     let last = put.last().unwrap().1.clone();
-    host.wait_for(
+    wait_checkpoint(
+        &mut host,
         "checkpoint at the last record",
+        &last,
         Duration::from_secs(30),
-        |lines| {
-            lines.iter().any(|l| {
-                field(l, "message") == "checkpoint written" && field(l, "checkpoint") == last
-            })
-        },
     )
-    .await
-    .unwrap();
+    .await;
     host.terminate().await.unwrap();
     let lines = host.lines();
     assert_eq!(

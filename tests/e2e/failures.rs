@@ -9,7 +9,7 @@ use shardlane::dispatch::routing::lane_for;
 use shardlane::ids::PartitionKey;
 use shardlane_testkit::{HostProcess, Kinesis, LogLine, guests, unique_name};
 
-use crate::common::{config, field, guest_lines, shardlane_bin};
+use crate::common::{config, field, guest_lines, shardlane_bin, wait_checkpoint};
 
 fn calls<'a>(lines: &'a [LogLine], data: &str) -> Vec<&'a LogLine> {
     guest_lines(lines, &format!("handled data={data} attempt="))
@@ -367,17 +367,13 @@ async fn bisect_isolates_one_poison_record_in_a_batch_of_100() {
         ),
     );
     let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
-    host.wait_for(
+    wait_checkpoint(
+        &mut host,
         "checkpoint past the whole batch",
+        &last,
         Duration::from_secs(60),
-        |lines| {
-            lines.iter().any(|l| {
-                field(l, "message") == "checkpoint written" && field(l, "checkpoint") == last
-            })
-        },
     )
-    .await
-    .unwrap();
+    .await;
     assert!(host.terminate().await.unwrap().success());
     let lines = host.lines();
     let dead = messages(&lines, "record dead-lettered");

@@ -10,7 +10,7 @@ use shardlane::dispatch::routing::lane_for;
 use shardlane::ids::PartitionKey;
 use shardlane_testkit::{HostProcess, Kinesis, guests, unique_name};
 
-use crate::common::{config, field, guest_lines, seq_key, shardlane_bin};
+use crate::common::{config, field, guest_lines, seq_key, shardlane_bin, wait_checkpoint};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn by_key_lanes_keep_every_keys_order() {
@@ -209,17 +209,13 @@ async fn checkpoint_stays_below_a_held_record_while_other_lanes_move_on() {
     )
     .await
     .unwrap();
-    host.wait_for(
+    wait_checkpoint(
+        &mut host,
         "checkpoint at the last record",
+        &last_seq,
         Duration::from_secs(30),
-        |lines| {
-            lines.iter().any(|l| {
-                field(l, "message") == "checkpoint written" && field(l, "checkpoint") == last_seq
-            })
-        },
     )
-    .await
-    .unwrap();
+    .await;
     host.terminate().await.unwrap();
 
     let lines = host.lines();

@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use crate::common::{field, guest_lines, seq_key, shardlane_bin};
 
 /// One handled record: (data, shard, sequence number), in log order.
-fn handled(lines: &[LogLine]) -> Vec<(String, String, String)> {
+pub(crate) fn handled(lines: &[LogLine]) -> Vec<(String, String, String)> {
     guest_lines(lines, "handled data=")
         .iter()
         .map(|l| {
@@ -39,7 +39,7 @@ fn handled(lines: &[LogLine]) -> Vec<(String, String, String)> {
 
 /// Puts records of `keys` keys, data `<key>#<n>`, every 50 ms until
 /// stopped; returns every data string put, in order.
-fn producer(
+pub(crate) fn producer(
     kinesis: &Kinesis,
     stream: &str,
     keys: usize,
@@ -80,7 +80,32 @@ fn producer(
     (stop, task)
 }
 
-fn fleet_config(owner: &str, table: &str, stream: &str, plugin: &Path, extra: &str) -> String {
+/// The lease settings fleet tests use: quick expiry and syncs.
+pub(crate) const QUICK_LEASES: &str = r#"lease_duration = "3s"
+renew_every = "1s"
+shard_sync_every = "1s""#;
+
+pub(crate) fn fleet_config(
+    owner: &str,
+    table: &str,
+    stream: &str,
+    plugin: &Path,
+    extra: &str,
+) -> String {
+    dynamodb_config(owner, table, stream, plugin, QUICK_LEASES, extra)
+}
+
+/// One host of a fleet on the DynamoDB table `table`, subscription
+/// `fleet`, with `lease` lines in `[lease]` and `extra` in the
+/// subscription.
+pub(crate) fn dynamodb_config(
+    owner: &str,
+    table: &str,
+    stream: &str,
+    plugin: &Path,
+    lease: &str,
+    extra: &str,
+) -> String {
     format!(
         r#"
 [aws]
@@ -94,9 +119,7 @@ store = "dynamodb"
 table = "{table}"
 create_table = true
 owner_id = "{owner}"
-lease_duration = "3s"
-renew_every = "1s"
-shard_sync_every = "1s"
+{lease}
 
 [[subscription]]
 name = "fleet"
@@ -195,7 +218,7 @@ async fn wait_counts(
 }
 
 /// Every record put was handled; returns how many were handled twice.
-fn check_all_handled(put: &[String], hosts: &[&HostProcess]) -> usize {
+pub(crate) fn check_all_handled(put: &[String], hosts: &[&HostProcess]) -> usize {
     let mut seen: HashMap<String, usize> = HashMap::new();
     for host in hosts {
         for (data, _, _) in handled(&host.lines()) {
@@ -239,7 +262,10 @@ fn check_one_reader_per_shard(hosts: &[&HostProcess]) {
     }
 }
 
-fn env<'a>(kinesis: &'a Kinesis, dynalite: &'a Dynalite) -> [(&'static str, &'a str); 2] {
+pub(crate) fn env<'a>(
+    kinesis: &'a Kinesis,
+    dynalite: &'a Dynalite,
+) -> [(&'static str, &'a str); 2] {
     [
         ("AWS_ENDPOINT_URL_KINESIS", kinesis.endpoint()),
         ("AWS_ENDPOINT_URL_DYNAMODB", dynalite.endpoint()),

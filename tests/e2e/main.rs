@@ -4,12 +4,17 @@
 //! Every test that needs Kinesis starts its own `kinesis-local` on a free
 //! port with random stream names, and fails loudly when it cannot start.
 
+mod admin;
 mod batches;
+mod chaos;
 mod check;
 mod common;
 mod config;
 mod conformance;
 mod failures;
+mod faults;
+mod files;
+mod hostile;
 mod lanes;
 mod leases;
 mod ops;

@@ -3,8 +3,6 @@
 //! a real headless Chromium.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,39 +11,7 @@ use std::time::{Duration, SystemTime};
 use shardlane_testkit::{HostProcess, Kinesis, LogLine, guests, unique_name};
 use tokio::task::JoinHandle;
 
-use crate::common::{config, field, shardlane_bin, subscription};
-
-/// The admin server's address, from the host's log.
-fn admin_addr(host: &HostProcess) -> String {
-    host.lines()
-        .iter()
-        .find(|l| field(l, "message").starts_with("admin listening"))
-        .map(|l| field(l, "addr").to_owned())
-        .expect("the host logs where admin listens")
-}
-
-/// One HTTP/1.1 request; returns (status, body).
-fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("connect to admin");
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
+use crate::common::{admin_addr, config, field, http, shardlane_bin, subscription};
 
 /// (version, data, lane) of every handled record in log order: v1 is the
 /// retry guest (`handled data=…`), v2 the echo guest (`echo … data="…"`).

@@ -14,9 +14,10 @@ use super::batch::BatchCollector;
 use super::{Handler, HandlerFactory, spans};
 use crate::backoff::Backoff;
 use crate::channel::{Delivery, DeliveryReceiver, Record};
-use crate::config::SubscriptionConfig;
+use crate::config::{BatchConfig, SubscriptionConfig};
 use crate::failure::{self, DeadLetters, Next};
 use crate::ids::LaneId;
+use crate::logging::{MAX_GUEST_TEXT, cap};
 use crate::plugin::{CallError, Outcome, PluginDigest};
 use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
 use crate::telemetry::{
@@ -182,10 +183,7 @@ impl<F: HandlerFactory> Lane<F> {
     pub(super) async fn run(self, inbox: DeliveryReceiver, hard_stop: CancellationToken) {
         match self.subscription.batch {
             None => self.run_records(inbox, hard_stop).await,
-            Some(batch) => {
-                self.run_batches(inbox, hard_stop, batch.size, batch.window)
-                    .await
-            }
+            Some(batch) => self.run_batches(inbox, hard_stop, batch).await,
         }
     }
 
@@ -209,10 +207,9 @@ impl<F: HandlerFactory> Lane<F> {
         mut self,
         inbox: DeliveryReceiver,
         hard_stop: CancellationToken,
-        size: usize,
-        window: Duration,
+        batch: BatchConfig,
     ) {
-        let mut collector = BatchCollector::new(size, window);
+        let mut collector = BatchCollector::new(batch.size, batch.max_bytes, batch.window);
         loop {
             let deadline = collector.deadline();
             let batch = tokio::select! {
@@ -220,7 +217,10 @@ impl<F: HandlerFactory> Lane<F> {
                 _ = hard_stop.cancelled() => return,
                 _ = sleep_until(deadline), if deadline.is_some() => collector.flush(),
                 d = inbox.recv() => match d {
-                    Ok(d) => collector.push(d, Instant::now()),
+                    Ok(d) => {
+                        let bytes = lowered_bytes(&d.record);
+                        collector.push(d, bytes, Instant::now())
+                    }
                     Err(_) => {
                         if let Some(batch) = collector.flush() {
                             self.deliver_batch(batch, &hard_stop).await;
@@ -277,14 +277,17 @@ impl<F: HandlerFactory> Lane<F> {
     ) -> String {
         let sub = self.subscription.name.as_str();
         match error {
-            CallError::Trap(_) => self.metrics.traps.inc(),
+            CallError::Trap(_) | CallError::OutOfMemory(_) => self.metrics.traps.inc(),
             CallError::Timeout(_) => self.metrics.timeouts.inc(),
             CallError::WrongOutcomeCount { .. } | CallError::WrongWorld(_) => {
                 self.metrics.guest_errors.inc()
             }
         }
         match error {
-            CallError::Trap(_) | CallError::Timeout(_) | CallError::WrongWorld(_) => {
+            CallError::Trap(_)
+            | CallError::OutOfMemory(_)
+            | CallError::Timeout(_)
+            | CallError::WrongWorld(_) => {
                 self.metrics.recycles.inc();
                 tracing::warn!(subscription = sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, batch_len, error = %error, "handler failed; instance recycled");
                 self.handler = None;
@@ -332,6 +335,7 @@ impl<F: HandlerFactory> Lane<F> {
                     return true;
                 }
                 Ok(Outcome::Reject(reason)) => {
+                    let reason = guest_reason(reason);
                     self.metrics.rejected.inc();
                     let next = failure::after_reject(&self.subscription.failure);
                     let version = self.version_of(&record);
@@ -350,6 +354,7 @@ impl<F: HandlerFactory> Lane<F> {
                         .await;
                 }
                 Ok(Outcome::Retry(reason)) => {
+                    let reason = guest_reason(reason);
                     self.metrics.retried.inc();
                     tracing::info!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, reason, "handler asked to retry");
                     (format!("retry: {reason}"), self.version_of(&record))
@@ -420,9 +425,9 @@ impl<F: HandlerFactory> Lane<F> {
                         put = dead_letters.put(record, reason, attempts, version.as_ref()) => put,
                     };
                     match put {
-                        Ok(dlq_sequence) => {
+                        Ok(put) => {
                             self.metrics.dead_lettered.inc();
-                            tracing::warn!(subscription = %sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, partition_key = %record.partition_key, attempts, reason, dead_letter_stream = %dead_letters.stream(), dead_letter_sequence = dlq_sequence, "record dead-lettered");
+                            tracing::warn!(subscription = %sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, partition_key = %record.partition_key, attempts, reason, dead_letter_stream = %dead_letters.stream(), dead_letter_sequence = put.sequence, data_omitted = put.data_omitted, data_bytes = record.data.len(), "record dead-lettered");
                             break;
                         }
                         Err(e) => {
@@ -488,6 +493,7 @@ impl<F: HandlerFactory> Lane<F> {
                                     settled.push(item.ticket);
                                 }
                                 Outcome::Reject(reason) => {
+                                    let reason = guest_reason(reason);
                                     self.metrics.rejected.inc();
                                     let next = failure::after_reject(&self.subscription.failure);
                                     let version = self.version_of(&item.record);
@@ -509,6 +515,7 @@ impl<F: HandlerFactory> Lane<F> {
                                     }
                                 }
                                 Outcome::Retry(reason) => {
+                                    let reason = guest_reason(reason);
                                     self.metrics.retried.inc();
                                     tracing::info!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %item.record.shard, sequence_number = %item.record.sequence, attempt = item.attempt, reason, "handler asked to retry");
                                     let version = self.version_of(&item.record);
@@ -539,6 +546,20 @@ impl<F: HandlerFactory> Lane<F> {
                             group.iter().map(|i| self.version_of(&i.record)).collect();
                         let reason =
                             self.failed_call(&e, &group[0].record, group[0].attempt, group.len());
+                        if matches!(e, CallError::OutOfMemory(_)) && group.len() > 1 {
+                            // Too big for the guest's memory (often the host
+                            // lowering it): the same batch would fail every
+                            // time, so it is halved until it fits. Not an
+                            // attempt: the records may never have reached
+                            // the guest, and halving ends (a record alone
+                            // falls to the failure policy).
+                            let second = group.split_off(group.len() / 2);
+                            let first = std::mem::take(&mut group);
+                            tracing::warn!(subscription = %self.subscription.name, lane = self.id.0, halves = ?(first.len(), second.len()), "batch too big for the guest's memory; splitting it");
+                            groups.push_front(second);
+                            groups.push_front(first);
+                            continue;
+                        }
                         if self.subscription.failure.bisect_on_error && group.len() > 1 {
                             // Halves are handled in turn, first half first,
                             // each as a batch of its own; their records'
@@ -638,6 +659,24 @@ impl<F: HandlerFactory> Lane<F> {
         // then, and the records are read again after a restart.
         let _ = self.settlement.send(msg).await;
     }
+}
+
+/// What lowering `record` puts in the guest's memory, near enough: its
+/// data and its strings (what `max_batch_bytes` counts).
+fn lowered_bytes(record: &Record) -> usize {
+    record.data.len()
+        + record.partition_key.as_str().len()
+        + record.sequence.as_str().len()
+        + record.shard.as_str().len()
+        + record.stream.as_str().len()
+}
+
+/// A guest's `retry`/`reject` reason, cut where it enters the lane: it is
+/// logged and may be dead-lettered (see [`crate::logging`], "Hostile
+/// text").
+fn guest_reason(mut reason: String) -> String {
+    cap(&mut reason, MAX_GUEST_TEXT);
+    reason
 }
 
 async fn sleep(wait: Duration, stop: &CancellationToken) -> bool {

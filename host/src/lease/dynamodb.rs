@@ -74,6 +74,27 @@ where
     if e.code() == Some("ConditionalCheckFailedException") {
         LeaseError::Lost(key.clone())
     } else {
+        failed(e)
+    }
+}
+
+/// Error codes DynamoDB answers when a call exceeds the table's or the
+/// account's throughput.
+const THROTTLING: &[&str] = &[
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+];
+
+/// Maps an SDK error of a call with no condition: throttling, or a
+/// transient failure.
+fn failed<E>(e: aws_sdk_dynamodb::error::SdkError<E>) -> LeaseError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    if e.code().is_some_and(|code| THROTTLING.contains(&code)) {
+        LeaseError::Throttled(format!("{}", DisplayErrorContext(&e)))
+    } else {
         LeaseError::Store(format!("{}", DisplayErrorContext(&e)))
     }
 }
@@ -278,7 +299,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                 .set_exclusive_start_key(start.take())
                 .send()
                 .await
-                .map_err(|e| LeaseError::Store(format!("{}", DisplayErrorContext(&e))))?;
+                .map_err(failed)?;
             for item in page.items() {
                 let Some(shard) = item.get(SHARD).and_then(|v| v.as_s().ok()) else {
                     continue;
@@ -307,7 +328,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             .set_key(Some(self.key_of(key)))
             .send()
             .await
-            .map_err(|e| LeaseError::Store(format!("{}", DisplayErrorContext(&e))))?;
+            .map_err(failed)?;
         output
             .item()
             .map(|item| decode(key.clone(), item))

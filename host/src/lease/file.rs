@@ -15,6 +15,13 @@
 //! process (one that was killed) are released when the store opens, so a
 //! restarted instance resumes at once instead of waiting for them to expire.
 //!
+//! A file that cannot be read as a lease database stops start-up with one
+//! line naming it, never a silent fresh start: an empty (0-byte) file, which
+//! redb itself would take for a new database, included. Resuming from
+//! nothing would handle every record again (`start = "trim_horizon"`) or
+//! skip what arrived while the host was down (`start = "latest"`); moving the
+//! file away is the operator's decision.
+//!
 //! redb is synchronous; each call runs on tokio's blocking pool.
 
 use std::path::{Path, PathBuf};
@@ -57,6 +64,17 @@ pub enum FileStoreError {
         "lease store {path}: already in use by another process (the file store serves one instance; use store = \"dynamodb\" to share shards between instances)"
     )]
     InUse {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// The file exists but holds nothing: not a database redb wrote (a
+    /// commit makes it at least a header long), but one cut short or
+    /// emptied. redb would take it for a new, empty store and every shard
+    /// would start over at `start`, so it is refused instead.
+    #[error(
+        "lease store {path}: the file is empty (0 bytes), not a lease database: its checkpoints are lost (cut short by a crash or a full disk?); restore it, or move it away to start every shard afresh at `start`"
+    )]
+    Empty {
         /// The database file.
         path: PathBuf,
     },
@@ -117,13 +135,21 @@ impl FileLeaseStore {
     ///
     /// # Errors
     /// [`FileStoreError`] naming the path: the folder cannot be made, the
-    /// file is in use by another process, or it cannot be opened.
+    /// file is in use by another process, is empty, or cannot be opened.
     pub fn open(path: &Path) -> Result<Self, FileStoreError> {
         std::fs::create_dir_all(path).map_err(|reason| FileStoreError::Folder {
             path: path.to_owned(),
             reason,
         })?;
         let file = path.join("leases.redb");
+        // redb treats an empty file as a new database; only a missing file
+        // may start a new store.
+        if let Ok(meta) = std::fs::metadata(&file)
+            && meta.is_file()
+            && meta.len() == 0
+        {
+            return Err(FileStoreError::Empty { path: file });
+        }
         let db = Database::create(&file).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => {
                 FileStoreError::InUse { path: file.clone() }
@@ -317,6 +343,26 @@ impl LeaseStore for FileLeaseStore {
 mod tests {
     use super::*;
     use crate::ids::SequenceNumber;
+
+    #[test]
+    fn refuses_an_empty_file_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("leases.redb");
+        std::fs::write(&file, b"").unwrap();
+        let Err(e) = FileLeaseStore::open(dir.path()) else {
+            panic!("an empty leases.redb was opened as an empty store");
+        };
+        assert!(
+            matches!(&e, FileStoreError::Empty { path } if *path == file),
+            "{e}"
+        );
+        let line = e.to_string();
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert!(line.contains(&file.display().to_string()), "{line}");
+        assert!(line.contains("empty"), "{line}");
+        // Nothing was written to it.
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), 0);
+    }
 
     fn key(shard: &str) -> LeaseKey {
         LeaseKey {

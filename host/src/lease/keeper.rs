@@ -41,18 +41,47 @@
 //! longer than `shutdown_timeout` is forced (records still in flight are
 //! then read again by the next owner).
 //!
+//! # Store calls never block the keeper
+//! Every store call (listing, acquire, renew, checkpoint, release, hand-over
+//! request) runs in a task of the keeper's own [`JoinSet`], bounded by a
+//! lease duration, and reports back as an [`Io`] message; the keeper's
+//! loop only decides. So a slow store (or a slow network to it) delays
+//! nothing else: renewals go out on their timer while a sync or a
+//! checkpoint retry is still under way, and the shards renew concurrently,
+//! not one after another.
+//!
+//! Writes of one lease are serialized: each is conditional on the counter
+//! the previous one left, so two at once would refuse each other. A lease
+//! has at most one write in flight; a checkpoint requested meanwhile waits
+//! (newer requests replace older ones — a checkpoint covers every earlier
+//! one — keeping `drained`), and a renewal due meanwhile follows it. A
+//! checkpoint write moves the counter like a renewal does, so it also moves
+//! the validity deadline (from when it was sent). Results carry the
+//! holding's session, so a result for a lease lost and since taken again
+//! is ignored.
+//!
+//! # Taking back what was lost
+//! A lease lost because its renewals failed for a lease duration (the
+//! store unreachable, a slow network) still names this instance if nobody
+//! else took it; the planner takes it back, after its checkpoint, once its
+//! counter has stood still for a lease duration (see [`super::planner`]). After each sync the
+//! keeper records how many eligible shards nobody holds; `/readyz` fails,
+//! and `shardlane_shards_unread` says so, when some stay unread, or no sync
+//! succeeds, for longer than a lease duration plus two syncs.
+//!
 //! Shutdown, in order: stop taking leases → cancel every reader and join
 //! them (serving checkpoint requests meanwhile) → drop this task's senders
 //! (so the channel and settlement can close) → write what settlement sends
 //! until it is done, releasing each shard as it drains (renewing
-//! meanwhile) → release whatever is left.
+//! meanwhile) → wait for store calls under way → release whatever is
+//! left.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_kinesis::Client;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -61,10 +90,11 @@ use super::planner::Planner;
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
 use crate::config::{LeaseConfig, StartPosition, SubscriptionConfig};
 use crate::ids::{OwnerId, ShardId};
-use crate::kinesis::list_shards;
+use crate::kinesis::{ShardInfo, list_shards};
+use crate::logging::LogGate;
 use crate::reader::{ReaderContext, ReaderExit, ShardReader};
 use crate::settlement::{Checkpoint, CheckpointRequest, SessionId};
-use crate::telemetry::{Gauge, SubscriptionStatus};
+use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry};
 
 /// Checkpoint requests queued to the keeper; settlement coalesces them to
 /// about one per shard per `checkpoint_every`, so this is plenty.
@@ -83,13 +113,82 @@ fn leases_gauge(ctx: &ReaderContext) -> Gauge {
 
 struct Holding {
     lease: HeldLease,
-    /// When the last successful acquire or renewal was sent, plus
-    /// `lease_duration`: until then the lease is surely ours (module docs).
-    /// The reader watches it; a renewal failing past it loses the lease.
-    valid_until: tokio::sync::watch::Sender<Instant>,
+    /// Which taking of the lease this is (the reader's session): results of
+    /// store calls made for an earlier one are ignored.
+    session: SessionId,
+    /// When the last successful write was sent, plus `lease_duration`:
+    /// until then the lease is surely ours (module docs). The reader
+    /// watches it; a renewal failing past it loses the lease.
+    valid_until: watch::Sender<Instant>,
     cancel: CancellationToken,
     /// Being given up (hand-over or shutdown) since then.
     releasing: Option<Instant>,
+    /// A write (renewal or checkpoint) is under way.
+    writing: bool,
+    /// The checkpoint to write when the write under way lands.
+    pending: Option<CheckpointRequest>,
+    /// A renewal came due while a write was under way.
+    renew_due: bool,
+}
+
+impl Holding {
+    /// Moves the validity deadline to `sent_at + duration`, never back.
+    fn extend(&self, sent_at: Instant, duration: Duration) {
+        let until = sent_at + duration;
+        self.valid_until.send_if_modified(|v| {
+            let later = until > *v;
+            if later {
+                *v = until;
+            }
+            later
+        });
+    }
+}
+
+/// A store call's answer, back from its task.
+enum Io {
+    Listed {
+        shards: anyhow::Result<Vec<ShardInfo>>,
+        leases: Result<Vec<Lease>, LeaseError>,
+    },
+    Acquired {
+        shard: ShardId,
+        seen: Option<Lease>,
+        sent_at: Instant,
+        result: Result<HeldLease, LeaseError>,
+    },
+    Renewed {
+        shard: ShardId,
+        session: SessionId,
+        sent_at: Instant,
+        /// The lease, and whether this renewal wrote it (a recovered lease
+        /// was written earlier, so it does not move the deadline).
+        result: Result<(HeldLease, bool), LeaseError>,
+    },
+    Checkpointed {
+        request: CheckpointRequest,
+        session: SessionId,
+        sent_at: Instant,
+        result: Result<HeldLease, LeaseError>,
+    },
+    Released {
+        shard: ShardId,
+        result: Result<(), LeaseError>,
+    },
+    Asked {
+        lease: Lease,
+        result: Result<(), LeaseError>,
+    },
+}
+
+/// A sync whose acquires are still under way.
+struct SyncRound {
+    shards: Vec<ShardInfo>,
+    fair_share: usize,
+    /// Acquires not answered yet.
+    acquiring: HashSet<ShardId>,
+    /// Eligible shards nobody held when planned.
+    free: HashSet<ShardId>,
 }
 
 /// The lease keeper of one subscription (see the module docs).
@@ -102,16 +201,102 @@ pub struct Keeper {
     reader_ctx: Option<ReaderContext>,
     held: HashMap<ShardId, Holding>,
     readers: JoinSet<(ShardId, ReaderExit)>,
+    /// Store calls under way.
+    io: JoinSet<Io>,
+    /// A listing is under way.
+    listing: bool,
+    round: Option<SyncRound>,
     planner: Planner,
     next_session: SessionId,
     readers_cancel: CancellationToken,
     status: Arc<SubscriptionStatus>,
     leases_held: Gauge,
+    unread: Gauge,
+    telemetry: Arc<Telemetry>,
+    throttle_log: LogGate,
     /// Shards this instance handed over, and when: not taken back for a
     /// lease duration, so the instance that asked gets them (an instance
     /// with no lease yet is invisible to the planner's live count, and
     /// would otherwise lose the race to the giver's next sync forever).
     handed_over: HashMap<ShardId, Instant>,
+}
+
+/// Runs a store call, bounded by `limit`: an answer later than a lease
+/// duration is worthless, and a hung call must not hold the lease's writes.
+async fn bounded<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, LeaseError>>,
+) -> Result<T, LeaseError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(LeaseError::Store(format!(
+            "no answer within {}",
+            humantime::format_duration(limit)
+        ))),
+    }
+}
+
+/// After a refused write: if the lease is still ours (our own earlier
+/// write landed but its answer was lost), carry on with its counter;
+/// otherwise it is lost.
+async fn recover(
+    store: &dyn LeaseStore,
+    owner: &OwnerId,
+    held: &HeldLease,
+) -> Result<HeldLease, LeaseError> {
+    match store.read(&held.key).await? {
+        Some(lease) if lease.owner.as_ref() == Some(owner) => Ok(HeldLease {
+            counter: lease.counter,
+            handoff: lease.handoff,
+            ..held.clone()
+        }),
+        _ => Err(LeaseError::Lost(held.key.clone())),
+    }
+}
+
+/// A renewal, recovering from a lost answer; `true` when it wrote.
+async fn renew(
+    store: &dyn LeaseStore,
+    owner: &OwnerId,
+    held: &HeldLease,
+) -> Result<(HeldLease, bool), LeaseError> {
+    match store.renew(held).await {
+        Err(LeaseError::Lost(_)) => recover(store, owner, held).await.map(|l| (l, false)),
+        other => other.map(|l| (l, true)),
+    }
+}
+
+/// A checkpoint write, recovering from a lost answer and retrying
+/// transient failures a few times (in its own task: the keeper goes on).
+async fn checkpoint(
+    store: &dyn LeaseStore,
+    owner: &OwnerId,
+    held: &HeldLease,
+    checkpoint: &Checkpoint,
+    limit: Duration,
+) -> Result<HeldLease, LeaseError> {
+    let mut wait = Duration::from_millis(100);
+    let mut attempt = 1;
+    loop {
+        let written = match bounded(limit, store.checkpoint(held, checkpoint)).await {
+            Err(LeaseError::Lost(_)) => match bounded(limit, recover(store, owner, held)).await {
+                Ok(lease) => bounded(limit, store.checkpoint(&lease, checkpoint)).await,
+                Err(e) => Err(e),
+            },
+            other => other,
+        };
+        match written {
+            Err(e @ (LeaseError::Store(_) | LeaseError::Throttled(_)))
+                if attempt < CHECKPOINT_TRIES =>
+            {
+                tracing::warn!(lease = %held.key, error = %e, attempt, "checkpoint write failed; retrying");
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 impl Keeper {
@@ -123,10 +308,25 @@ impl Keeper {
         store: Arc<dyn LeaseStore>,
         reader_ctx: ReaderContext,
     ) -> Self {
+        let sub = subscription.name.as_str();
+        let unread = reader_ctx.telemetry.gauge(
+            "shardlane_shards_unread",
+            "Shards of the stream that no instance held after this instance's last shard sync.",
+            &[("subscription", sub)],
+        );
+        reader_ctx
+            .status
+            .coverage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .grace = lease.lease_duration + 2 * lease.shard_sync_every;
         Self {
             status: reader_ctx.status.clone(),
             handed_over: HashMap::new(),
             leases_held: leases_gauge(&reader_ctx),
+            unread,
+            telemetry: reader_ctx.telemetry.clone(),
+            throttle_log: LogGate::every(crate::throttle::LOG_INTERVAL),
             client: reader_ctx.client.clone(),
             subscription,
             lease,
@@ -135,6 +335,9 @@ impl Keeper {
             reader_ctx: Some(reader_ctx),
             held: HashMap::new(),
             readers: JoinSet::new(),
+            io: JoinSet::new(),
+            listing: false,
+            round: None,
             planner: Planner::new(),
             next_session: 1,
             readers_cancel: CancellationToken::new(),
@@ -164,9 +367,10 @@ impl Keeper {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = sync.tick() => self.sync().await,
-                _ = renew.tick() => self.renew_all().await,
-                Some(request) = checkpoints.recv() => self.on_request(request).await,
+                _ = sync.tick() => self.sync(),
+                _ = renew.tick() => self.renew_all(),
+                Some(request) = checkpoints.recv() => self.on_request(request),
+                Some(io) = self.io.join_next() => self.on_io(io),
                 Some(joined) = self.readers.join_next() => self.reader_finished(joined),
             }
         }
@@ -183,24 +387,38 @@ impl Keeper {
                     Some(joined) => self.reader_finished(joined),
                     None => break,
                 },
-                Some(request) = checkpoints.recv() => self.on_request(request).await,
+                Some(request) = checkpoints.recv() => self.on_request(request),
+                Some(io) = self.io.join_next() => self.on_io(io),
+                _ = renew.tick() => self.renew_all(),
             }
         }
         // Our copies of the channel and settlement senders: once dropped,
         // the channel closes when it is empty and settlement ends after its
         // final checkpoint requests.
         self.reader_ctx = None;
-        loop {
+        let mut requests_open = true;
+        while requests_open || !self.io.is_empty() {
             tokio::select! {
-                request = checkpoints.recv() => match request {
-                    Some(request) => self.on_request(request).await,
-                    None => break,
+                request = checkpoints.recv(), if requests_open => match request {
+                    Some(request) => self.on_request(request),
+                    None => {
+                        requests_open = false;
+                        // Nothing to renew for any more: what is left is
+                        // released once the writes under way land.
+                        for holding in self.held.values_mut() {
+                            holding.renew_due = false;
+                        }
+                    }
                 },
-                _ = renew.tick() => self.renew_all().await,
+                Some(io) = self.io.join_next() => self.on_io(io),
+                _ = renew.tick(), if requests_open => self.renew_all(),
             }
         }
         for (shard, holding) in std::mem::take(&mut self.held) {
-            self.release(&shard, holding.lease).await;
+            self.release(&shard, holding.lease);
+        }
+        while let Some(io) = self.io.join_next().await {
+            self.on_io(io);
         }
     }
 
@@ -215,37 +433,125 @@ impl Keeper {
         }
     }
 
-    async fn sync(&mut self) {
-        let Some(reader_ctx) = self.reader_ctx.clone() else {
-            return;
+    fn on_io(&mut self, joined: Result<Io, tokio::task::JoinError>) {
+        let io = match joined {
+            Ok(io) => io,
+            Err(e) => {
+                tracing::error!(subscription = %self.subscription.name, error = %e, "lease store call failed");
+                return;
+            }
         };
-        let shards = match list_shards(&self.client, &self.subscription.stream).await {
+        match io {
+            Io::Listed { shards, leases } => self.on_listed(shards, leases),
+            Io::Acquired {
+                shard,
+                seen,
+                sent_at,
+                result,
+            } => self.on_acquired(shard, seen, sent_at, result),
+            Io::Renewed {
+                shard,
+                session,
+                sent_at,
+                result,
+            } => self.on_renewed(shard, session, sent_at, result),
+            Io::Checkpointed {
+                request,
+                session,
+                sent_at,
+                result,
+            } => self.on_checkpointed(request, session, sent_at, result),
+            Io::Released { shard, result } => match result {
+                Ok(()) => {
+                    tracing::info!(subscription = %self.subscription.name, shard_id = %shard, held = self.held.len(), "lease released")
+                }
+                Err(e) => {
+                    self.note_store_error(Some(&shard), &e);
+                    tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "lease not released; it will expire")
+                }
+            },
+            Io::Asked { lease, result } => match result {
+                Ok(()) => tracing::info!(
+                    subscription = %self.subscription.name, shard_id = %lease.key.shard,
+                    from = lease.owner.as_ref().map(OwnerId::as_str),
+                    "asked for a lease hand-over"
+                ),
+                Err(e) => {
+                    tracing::debug!(subscription = %self.subscription.name, shard_id = %lease.key.shard, error = %e, "hand-over request not placed")
+                }
+            },
+        }
+    }
+
+    /// Counts a throttled store call (of one shard's lease, or of the
+    /// table: `None`) and says so at most once an interval.
+    fn note_store_error(&mut self, shard: Option<&ShardId>, e: &LeaseError) {
+        if let LeaseError::Throttled(why) = e {
+            crate::throttle::counter(
+                &self.telemetry,
+                self.subscription.name.as_str(),
+                "dynamodb",
+                shard.map_or("", ShardId::as_str),
+            )
+            .inc();
+            if let Some(suppressed) = self.throttle_log.note(std::time::Instant::now()) {
+                tracing::warn!(subscription = %self.subscription.name, service = "dynamodb", suppressed, why = %why, "lease store calls throttled; backing off (logged at most once every 10 s; suppressed: since the last line)");
+            }
+        }
+    }
+
+    /// Starts a sync: lists the stream's shards and the lease table in a
+    /// task (unless the previous sync is still under way).
+    fn sync(&mut self) {
+        if self.reader_ctx.is_none() || self.listing || self.round.is_some() {
+            return;
+        }
+        self.listing = true;
+        let client = self.client.clone();
+        let store = self.store.clone();
+        let stream = self.subscription.stream.clone();
+        let sub = self.subscription.name.clone();
+        let limit = self.lease.lease_duration;
+        self.io.spawn(async move {
+            let (shards, leases) = tokio::join!(
+                async {
+                    tokio::time::timeout(limit, list_shards(&client, &stream))
+                        .await
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {limit:?}")))
+                },
+                bounded(limit, store.list(&sub, &stream)),
+            );
+            Io::Listed { shards, leases }
+        });
+    }
+
+    fn on_listed(
+        &mut self,
+        shards: anyhow::Result<Vec<ShardInfo>>,
+        leases: Result<Vec<Lease>, LeaseError>,
+    ) {
+        self.listing = false;
+        if self.reader_ctx.is_none() {
+            return;
+        }
+        let shards = match shards {
             Ok(shards) => shards,
             Err(e) => {
                 tracing::warn!(subscription = %self.subscription.name, stream = %self.subscription.stream, error = %format!("{e:#}"), "cannot list shards; will retry");
                 return;
             }
         };
-        let leases: HashMap<ShardId, Lease> = match self
-            .store
-            .list(&self.subscription.name, &self.subscription.stream)
-            .await
-        {
+        let leases: HashMap<ShardId, Lease> = match leases {
             Ok(leases) => leases
                 .into_iter()
                 .map(|l| (l.key.shard.clone(), l))
                 .collect(),
             Err(e) => {
+                self.note_store_error(None, &e);
                 tracing::warn!(subscription = %self.subscription.name, error = %e, "cannot read leases; will retry");
                 return;
             }
         };
-        let keeping: HashSet<ShardId> = self
-            .held
-            .iter()
-            .filter(|(_, h)| h.releasing.is_none())
-            .map(|(s, _)| s.clone())
-            .collect();
         for (shard, lease) in &leases {
             if !self.held.contains_key(shard) {
                 self.status.shard(shard.as_str(), |s| {
@@ -269,6 +575,12 @@ impl Keeper {
                 });
             }
         }
+        let keeping: HashSet<ShardId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.releasing.is_none())
+            .map(|(s, _)| s.clone())
+            .collect();
         let plan = self.planner.plan(
             &self.owner,
             &keeping,
@@ -277,60 +589,131 @@ impl Keeper {
             self.lease.lease_duration,
             Instant::now(),
         );
-        let present: HashSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
         let cooldown = self.lease.lease_duration;
         self.handed_over.retain(|_, at| at.elapsed() < cooldown);
+        let mut round = SyncRound {
+            shards,
+            fair_share: plan.fair_share,
+            acquiring: HashSet::new(),
+            // A lease being given up here is held, not free.
+            free: plan
+                .free
+                .into_iter()
+                .filter(|s| !self.held.contains_key(s))
+                .collect(),
+        };
         for (shard, seen) in plan.take {
-            if self.handed_over.contains_key(&shard) {
+            // Being given up here (the planner counts only leases kept), or
+            // handed over a moment ago: not taken now.
+            if self.held.contains_key(&shard) || self.handed_over.contains_key(&shard) {
                 continue;
             }
+            round.acquiring.insert(shard.clone());
             let key = self.key(&shard);
-            let sent_at = Instant::now();
-            match self.store.acquire(&key, &self.owner, seen.as_ref()).await {
-                Ok(lease) => {
-                    let info = shards.iter().find(|s| s.id == shard);
-                    // A child of a consumed parent starts at its own
-                    // beginning, so nothing between the parent's end and
-                    // the child's start is skipped.
-                    let start = if info.is_some_and(|i| i.parents().any(|p| present.contains(p))) {
-                        StartPosition::TrimHorizon
-                    } else {
-                        self.subscription.start
-                    };
-                    let previous = seen.as_ref().and_then(|l| l.owner.clone());
-                    self.start_reader(
-                        &reader_ctx,
-                        lease,
-                        sent_at,
-                        start,
-                        previous,
-                        plan.fair_share,
-                    );
+            let store = self.store.clone();
+            let owner = self.owner.clone();
+            let limit = self.lease.lease_duration;
+            self.io.spawn(async move {
+                let sent_at = Instant::now();
+                let result = bounded(limit, store.acquire(&key, &owner, seen.as_ref())).await;
+                Io::Acquired {
+                    shard,
+                    seen,
+                    sent_at,
+                    result,
                 }
-                Err(LeaseError::Lost(_)) => {
-                    tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, "lease taken by another instance first");
-                }
-                Err(e) => {
-                    tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "cannot take lease; will retry");
-                }
+            });
+        }
+        if let Some(lease) = plan.ask {
+            let store = self.store.clone();
+            let owner = self.owner.clone();
+            let limit = self.lease.lease_duration;
+            tracing::debug!(subscription = %self.subscription.name, shard_id = %lease.key.shard, fair_share = plan.fair_share, live = plan.live, "asking for a lease hand-over");
+            self.io.spawn(async move {
+                let result = bounded(limit, store.request_handoff(&lease, &owner)).await;
+                Io::Asked { lease, result }
+            });
+        }
+        self.round = Some(round);
+        self.finish_round_if_done();
+    }
+
+    fn on_acquired(
+        &mut self,
+        shard: ShardId,
+        seen: Option<Lease>,
+        sent_at: Instant,
+        result: Result<HeldLease, LeaseError>,
+    ) {
+        let stopping = self.readers_cancel.is_cancelled();
+        let (Some(round), Some(reader_ctx), false) =
+            (self.round.as_mut(), self.reader_ctx.clone(), stopping)
+        else {
+            // Stopping: a lease taken meanwhile is not wanted any more.
+            self.round = None;
+            if let Ok(lease) = result {
+                self.release(&shard, lease);
             }
+            return;
+        };
+        round.acquiring.remove(&shard);
+        match result {
+            Ok(lease) => {
+                round.free.remove(&shard);
+                let present: HashSet<&ShardId> = round.shards.iter().map(|s| &s.id).collect();
+                let info = round.shards.iter().find(|s| s.id == shard);
+                // A child of a consumed parent starts at its own beginning,
+                // so nothing between the parent's end and the child's start
+                // is skipped.
+                let start = if info.is_some_and(|i| i.parents().any(|p| present.contains(p))) {
+                    StartPosition::TrimHorizon
+                } else {
+                    self.subscription.start
+                };
+                let fair_share = round.fair_share;
+                let previous = seen.as_ref().and_then(|l| l.owner.clone());
+                self.start_reader(&reader_ctx, lease, sent_at, start, previous, fair_share);
+            }
+            Err(LeaseError::Lost(_)) => {
+                tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, "lease taken by another instance first");
+            }
+            Err(e) => {
+                self.note_store_error(Some(&shard), &e);
+                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "cannot take lease; will retry");
+            }
+        }
+        self.finish_round_if_done();
+    }
+
+    /// Once every acquire of the sync has answered: the sync is done, and
+    /// what is still free is read by nobody.
+    fn finish_round_if_done(&mut self) {
+        if self.round.as_ref().is_none_or(|r| !r.acquiring.is_empty()) {
+            return;
+        }
+        let Some(round) = self.round.take() else {
+            return;
+        };
+        let unread = round.free.len();
+        self.unread.set(unread as u64);
+        let newly = {
+            let mut coverage = self
+                .status
+                .coverage
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let was = coverage.unread;
+            coverage.synced(unread, std::time::Instant::now());
+            unread > 0 && was == 0
+        };
+        if newly {
+            let shards: Vec<&str> = round.free.iter().map(ShardId::as_str).take(8).collect();
+            tracing::info!(subscription = %self.subscription.name, unread, ?shards, "shards held by nobody after this sync");
         }
         self.status
             .synced
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.leases_held.set(self.held.len() as u64);
-        if let Some(lease) = plan.ask {
-            match self.store.request_handoff(&lease, &self.owner).await {
-                Ok(()) => tracing::info!(
-                    subscription = %self.subscription.name, shard_id = %lease.key.shard,
-                    from = lease.owner.as_ref().map(OwnerId::as_str), fair_share = plan.fair_share, live = plan.live,
-                    "asked for a lease hand-over"
-                ),
-                Err(e) => {
-                    tracing::debug!(subscription = %self.subscription.name, shard_id = %lease.key.shard, error = %e, "hand-over request not placed")
-                }
-            }
-        }
     }
 
     fn start_reader(
@@ -343,8 +726,7 @@ impl Keeper {
         fair_share: usize,
     ) {
         let shard = lease.key.shard.clone();
-        let (valid_until, valid_rx) =
-            tokio::sync::watch::channel(acquired_at + self.lease.lease_duration);
+        let (valid_until, valid_rx) = watch::channel(acquired_at + self.lease.lease_duration);
         let session = self.next_session;
         self.next_session += 1;
         let cancel = self.readers_cancel.child_token();
@@ -381,83 +763,138 @@ impl Keeper {
             shard,
             Holding {
                 lease,
+                session,
                 valid_until,
                 cancel,
                 releasing: None,
+                writing: false,
+                pending: None,
+                renew_due: false,
             },
         );
+        self.leases_held.set(self.held.len() as u64);
     }
 
-    async fn renew_all(&mut self) {
+    /// A renewal round: every held lease renews at once, each in its own
+    /// task; a lease being given up for longer than `shutdown_timeout` is
+    /// released instead.
+    fn renew_all(&mut self) {
         let shards: Vec<ShardId> = self.held.keys().cloned().collect();
         let now = Instant::now();
         for shard in shards {
-            let Some(holding) = self.held.get(&shard) else {
+            let Some(holding) = self.held.get_mut(&shard) else {
                 continue;
             };
             if let Some(since) = holding.releasing
                 && now.duration_since(since) >= self.subscription.shutdown_timeout
+                && !holding.writing
             {
                 tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, "in-flight records did not settle within shutdown_timeout; releasing the lease anyway (the next owner reads them again)");
                 if let Some(holding) = self.held.remove(&shard) {
                     if holding.lease.handoff.is_some() {
                         self.handed_over.insert(shard.clone(), Instant::now());
                     }
-                    self.release(&shard, holding.lease).await;
+                    self.release(&shard, holding.lease);
                 }
                 continue;
             }
-            let sent_at = Instant::now();
-            // `wrote`: this renewal moved the counter after `sent_at`. A
-            // recovered lease is ours, but its last write is older: it keeps
-            // its deadline until the next renewal lands.
-            let (renewed, wrote) = match self.store.renew(&holding.lease).await {
-                Err(LeaseError::Lost(_)) => (self.recover(&holding.lease).await, false),
-                other => (other, true),
-            };
-            match renewed {
-                Ok(lease) => {
-                    let handoff = lease.handoff.clone();
-                    if let Some(holding) = self.held.get_mut(&shard) {
-                        holding.lease = lease;
-                        if wrote {
-                            holding
-                                .valid_until
-                                .send_replace(sent_at + self.lease.lease_duration);
-                        }
-                        if let Some(to) = handoff
-                            && holding.releasing.is_none()
-                        {
-                            tracing::info!(subscription = %self.subscription.name, shard_id = %shard, to = %to, "handing the lease over: reader stopping, in-flight records settling");
-                            holding.releasing = Some(Instant::now());
-                            holding.cancel.cancel();
-                        }
-                    }
-                }
-                Err(LeaseError::Lost(_)) => self.lose(&shard, "taken by another instance"),
-                Err(e) => {
-                    let overdue = Instant::now() >= *holding.valid_until.borrow();
-                    tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, overdue, "lease renewal failed");
-                    if overdue {
-                        self.lose(&shard, "not renewed within a lease duration");
-                    }
-                }
-            }
+            holding.renew_due = true;
+            self.next_write(&shard);
         }
     }
 
-    /// After a refused write: if the lease is still ours (our own earlier
-    /// write landed but its answer was lost), carry on with its counter;
-    /// otherwise it is lost.
-    async fn recover(&self, held: &HeldLease) -> Result<HeldLease, LeaseError> {
-        match self.store.read(&held.key).await? {
-            Some(lease) if lease.owner.as_ref() == Some(&self.owner) => Ok(HeldLease {
-                counter: lease.counter,
-                handoff: lease.handoff,
-                ..held.clone()
-            }),
-            _ => Err(LeaseError::Lost(held.key.clone())),
+    /// Starts the next write of a lease, if none is under way: the pending
+    /// checkpoint first (it renews too), else a due renewal.
+    fn next_write(&mut self, shard: &ShardId) {
+        let Some(holding) = self.held.get_mut(shard) else {
+            return;
+        };
+        if holding.writing {
+            return;
         }
+        let store = self.store.clone();
+        let owner = self.owner.clone();
+        let lease = holding.lease.clone();
+        let session = holding.session;
+        let limit = self.lease.lease_duration;
+        if let Some(request) = holding.pending.take() {
+            let Some(point) = request.checkpoint.clone() else {
+                // Drained with nothing new to write: settled as it stands.
+                self.drained(shard, None);
+                return;
+            };
+            holding.writing = true;
+            holding.renew_due = false;
+            self.io.spawn(async move {
+                let sent_at = Instant::now();
+                let result = checkpoint(&*store, &owner, &lease, &point, limit).await;
+                Io::Checkpointed {
+                    request,
+                    session,
+                    sent_at,
+                    result,
+                }
+            });
+        } else if holding.renew_due {
+            holding.writing = true;
+            holding.renew_due = false;
+            let shard = shard.clone();
+            self.io.spawn(async move {
+                let sent_at = Instant::now();
+                let result = bounded(limit, renew(&*store, &owner, &lease)).await;
+                Io::Renewed {
+                    shard,
+                    session,
+                    sent_at,
+                    result,
+                }
+            });
+        }
+    }
+
+    fn on_renewed(
+        &mut self,
+        shard: ShardId,
+        session: SessionId,
+        sent_at: Instant,
+        result: Result<(HeldLease, bool), LeaseError>,
+    ) {
+        let duration = self.lease.lease_duration;
+        // Only for the same taking of the lease.
+        let Some(holding) = self.held.get_mut(&shard).filter(|h| h.session == session) else {
+            return;
+        };
+        holding.writing = false;
+        match result {
+            Ok((lease, wrote)) => {
+                let handoff = lease.handoff.clone();
+                holding.lease = lease;
+                if wrote {
+                    holding.extend(sent_at, duration);
+                }
+                if let Some(to) = handoff
+                    && holding.releasing.is_none()
+                {
+                    tracing::info!(subscription = %self.subscription.name, shard_id = %shard, to = %to, "handing the lease over: reader stopping, in-flight records settling");
+                    holding.releasing = Some(Instant::now());
+                    holding.cancel.cancel();
+                }
+            }
+            Err(LeaseError::Lost(_)) => {
+                self.lose(&shard, "taken by another instance");
+                return;
+            }
+            Err(e) => {
+                let overdue = Instant::now() >= *holding.valid_until.borrow();
+                self.note_store_error(Some(&shard), &e);
+                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, overdue, "lease renewal failed");
+                if overdue {
+                    self.lose(&shard, "not renewed within a lease duration");
+                    return;
+                }
+            }
+        }
+        self.next_write(&shard);
     }
 
     /// Stops the shard's reader at once: the lease is no longer ours.
@@ -469,7 +906,8 @@ impl Keeper {
         }
     }
 
-    async fn release(&self, shard: &ShardId, lease: HeldLease) {
+    /// Releases a lease no longer held (in a task).
+    fn release(&mut self, shard: &ShardId, lease: HeldLease) {
         self.leases_held.set(self.held.len() as u64);
         self.status.shard(shard.as_str(), |s| {
             s.owner.clear();
@@ -477,85 +915,101 @@ impl Keeper {
                 s.state = "released".into();
             }
         });
-        match self.store.release(&lease).await {
-            Ok(()) => {
-                tracing::info!(subscription = %self.subscription.name, shard_id = %shard, held = self.held.len(), "lease released")
+        let store = self.store.clone();
+        let limit = self.lease.lease_duration;
+        let shard = shard.clone();
+        self.io.spawn(async move {
+            let result = bounded(limit, store.release(&lease)).await;
+            Io::Released { shard, result }
+        });
+    }
+
+    /// Queues a checkpoint request behind the lease's write under way.
+    fn on_request(&mut self, request: CheckpointRequest) {
+        let Some(holding) = self.held.get_mut(&request.shard) else {
+            if let Some(checkpoint) = &request.checkpoint {
+                tracing::warn!(subscription = %self.subscription.name, shard_id = %request.shard, checkpoint = checkpoint.as_str(), "checkpoint for a shard no longer held; not written");
+            }
+            return;
+        };
+        let shard = request.shard.clone();
+        holding.pending = Some(match holding.pending.take() {
+            // A later checkpoint covers an earlier one; drained stays.
+            Some(older) => CheckpointRequest {
+                checkpoint: request.checkpoint.or(older.checkpoint),
+                drained: request.drained || older.drained,
+                shard: request.shard,
+            },
+            None => request,
+        });
+        self.next_write(&shard);
+    }
+
+    fn on_checkpointed(
+        &mut self,
+        request: CheckpointRequest,
+        session: SessionId,
+        sent_at: Instant,
+        result: Result<HeldLease, LeaseError>,
+    ) {
+        let duration = self.lease.lease_duration;
+        let shard = request.shard.clone();
+        // Only for the same taking of the lease.
+        let Some(holding) = self.held.get_mut(&shard).filter(|h| h.session == session) else {
+            return;
+        };
+        holding.writing = false;
+        let Some(point) = request.checkpoint.as_ref() else {
+            return;
+        };
+        match result {
+            Ok(lease) => {
+                holding.lease = lease.clone();
+                holding.extend(sent_at, duration);
+                tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = point.as_str(), "checkpoint written");
+                self.status.shard(shard.as_str(), |s| {
+                    s.checkpoint = point.as_str().to_owned();
+                    s.checkpoint_at = Some(std::time::Instant::now());
+                });
+                if *point == Checkpoint::ShardEnd {
+                    // The shard is done: nobody needs to read it again.
+                    if self.held.remove(&shard).is_some() {
+                        self.release(&shard, lease);
+                    }
+                    return;
+                }
+                if request.drained {
+                    self.drained(&shard, Some(point));
+                    if !self.held.contains_key(&shard) {
+                        return;
+                    }
+                }
+            }
+            Err(LeaseError::Lost(_)) => {
+                self.lose(&shard, "checkpoint refused: lease changed hands");
+                return;
             }
             Err(e) => {
-                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "lease not released; it will expire")
+                self.note_store_error(Some(&shard), &e);
+                tracing::error!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "checkpoint not written; a later one will cover it");
             }
         }
+        self.next_write(&shard);
     }
 
-    async fn on_request(&mut self, request: CheckpointRequest) {
-        let CheckpointRequest {
-            shard,
-            checkpoint,
-            drained,
-        } = request;
-        let written = match &checkpoint {
-            Some(checkpoint) => self.write_checkpoint(&shard, checkpoint).await,
-            None => self.held.contains_key(&shard),
+    /// Everything the shard's reader handed out has settled and its final
+    /// checkpoint is written: a lease being given up is released now.
+    fn drained(&mut self, shard: &ShardId, checkpoint: Option<&Checkpoint>) {
+        let releasing = self.held.get(shard).and_then(|h| h.releasing);
+        let Some(since) = releasing else {
+            return;
         };
-        if drained && written {
-            let releasing = self.held.get(&shard).is_some_and(|h| h.releasing.is_some());
-            if releasing && let Some(holding) = self.held.remove(&shard) {
-                if let Some(since) = holding.releasing {
-                    tracing::info!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.as_ref().map(Checkpoint::as_str), drain = ?since.elapsed(), "final checkpoint written");
-                }
-                if holding.lease.handoff.is_some() {
-                    self.handed_over.insert(shard.clone(), Instant::now());
-                }
-                self.release(&shard, holding.lease).await;
+        if let Some(holding) = self.held.remove(shard) {
+            tracing::info!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.map(Checkpoint::as_str), drain = ?since.elapsed(), "final checkpoint written");
+            if holding.lease.handoff.is_some() {
+                self.handed_over.insert(shard.clone(), Instant::now());
             }
+            self.release(shard, holding.lease);
         }
-    }
-
-    /// Writes a checkpoint; true when it was written.
-    async fn write_checkpoint(&mut self, shard: &ShardId, checkpoint: &Checkpoint) -> bool {
-        let mut wait = Duration::from_millis(100);
-        for attempt in 1..=CHECKPOINT_TRIES {
-            let Some(holding) = self.held.get(shard) else {
-                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.as_str(), "checkpoint for a shard no longer held; not written");
-                return false;
-            };
-            let written = match self.store.checkpoint(&holding.lease, checkpoint).await {
-                Err(LeaseError::Lost(_)) => match self.recover(&holding.lease).await {
-                    Ok(lease) => self.store.checkpoint(&lease, checkpoint).await,
-                    Err(e) => Err(e),
-                },
-                other => other,
-            };
-            match written {
-                Ok(lease) => {
-                    tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.as_str(), "checkpoint written");
-                    self.status.shard(shard.as_str(), |s| {
-                        s.checkpoint = checkpoint.as_str().to_owned();
-                        s.checkpoint_at = Some(std::time::Instant::now());
-                    });
-                    if *checkpoint == Checkpoint::ShardEnd {
-                        // The shard is done: nobody needs to read it again.
-                        self.held.remove(shard);
-                        self.release(shard, lease).await;
-                    } else if let Some(holding) = self.held.get_mut(shard) {
-                        holding.lease = lease;
-                    }
-                    return true;
-                }
-                Err(LeaseError::Lost(_)) => {
-                    self.lose(shard, "checkpoint refused: lease changed hands");
-                    return false;
-                }
-                Err(e) if attempt < CHECKPOINT_TRIES => {
-                    tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, attempt, "checkpoint write failed; retrying");
-                    tokio::time::sleep(wait).await;
-                    wait *= 2;
-                }
-                Err(e) => {
-                    tracing::error!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "checkpoint not written; a later one will cover it");
-                }
-            }
-        }
-        false
     }
 }

@@ -11,7 +11,15 @@
 //! 3. *Live instances* are this one plus every owner with a lease that is
 //!    not expired. The *fair share* is `ceil(eligible / live)`.
 //! 4. Take free (absent, unowned) and expired leases until holding the fair
-//!    share.
+//!    share. A lease that names this instance but is not held here is
+//!    judged like any other owner's: a lease this instance lost (its
+//!    renewals failed for a lease duration, say while the store was
+//!    unreachable) that nobody else took still names it, and is taken back
+//!    once its counter has stood still for a lease duration — else its
+//!    shard would never be read again. Waiting for the counter rather than
+//!    taking it at once keeps a second process misconfigured with the same
+//!    `owner_id` from stealing leases the first still renews. Such a lease
+//!    is no other live instance.
 //! 5. If still below the fair share and nothing was free, ask one owner
 //!    holding more than the fair share to hand one lease over (the owner
 //!    with the most; its lease on the lowest shard id, for determinism). One
@@ -35,6 +43,11 @@ pub struct Plan {
     pub take: Vec<(ShardId, Option<Lease>)>,
     /// A lease to ask its owner to hand over.
     pub ask: Option<Lease>,
+    /// Every eligible shard that nobody holds as of this plan (free or
+    /// expired, or naming this instance without being held here), whether
+    /// or not this plan takes it: what is left after the takes succeed is
+    /// read by nobody.
+    pub free: Vec<ShardId>,
     /// The fair share this plan aimed at.
     pub fair_share: usize,
     /// Live instances counted.
@@ -54,8 +67,9 @@ impl Planner {
         Self::default()
     }
 
-    /// Plans for `me`, who holds `held`, given the stream's `shards` and the
-    /// table's `leases`, at `now`.
+    /// Plans for `me`, who holds `held` (and reads them, not counting leases
+    /// being given up), given the stream's `shards` and the table's
+    /// `leases`, at `now`.
     pub fn plan(
         &mut self,
         me: &OwnerId,
@@ -78,12 +92,14 @@ impl Planner {
             .collect();
 
         let mut free = Vec::new();
+        // Ours in the table, not held here, not yet expired: nobody reads it.
+        let mut lost = Vec::new();
         let mut by_owner: BTreeMap<&OwnerId, Vec<&Lease>> = BTreeMap::new();
         for shard in &eligible {
             let lease = leases.get(&shard.id);
             match lease.and_then(|l| l.owner.as_ref().map(|o| (l, o))) {
                 None => free.push((shard.id.clone(), lease.cloned())),
-                Some((_, owner)) if owner == me => {}
+                Some((_, owner)) if owner == me && held.contains(&shard.id) => {}
                 Some((lease, owner)) => {
                     let entry = self
                         .observed
@@ -94,8 +110,10 @@ impl Planner {
                     }
                     if now.duration_since(entry.1) >= lease_duration {
                         free.push((shard.id.clone(), Some(lease.clone())));
-                    } else {
+                    } else if owner != me {
                         by_owner.entry(owner).or_default().push(lease);
+                    } else {
+                        lost.push(shard.id.clone());
                     }
                 }
             }
@@ -106,6 +124,9 @@ impl Planner {
         let mine = eligible.iter().filter(|s| held.contains(&s.id)).count();
         let wanted = fair_share.saturating_sub(mine);
         let took_free = !free.is_empty() && wanted > 0;
+        let mut unheld: Vec<ShardId> = free.iter().map(|(s, _)| s.clone()).collect();
+        unheld.extend(lost);
+        unheld.sort();
         let take: Vec<_> = free.into_iter().take(wanted).collect();
 
         let ask = if wanted > 0 && !took_free {
@@ -121,6 +142,7 @@ impl Planner {
         Plan {
             take,
             ask,
+            free: unheld,
             fair_share,
             live,
         }
@@ -243,6 +265,7 @@ mod tests {
             Plan {
                 take: vec![],
                 ask: None,
+                free: vec![],
                 fair_share: 3,
                 live: 3
             }
@@ -373,5 +396,70 @@ mod tests {
             Instant::now(),
         );
         assert_eq!(taken(&plan), vec!["s2"]);
+    }
+
+    #[test]
+    fn a_lease_still_naming_this_instance_but_not_held_is_taken_back() {
+        // The lone instance lost s1 and s2 (renewals failed for a lease
+        // duration); nobody took them, so the table still names it.
+        let mut p = Planner::new();
+        let leases: HashMap<_, _> = [
+            lease("s0", Some("a"), 4),
+            lease("s1", Some("a"), 9),
+            lease("s2", Some("a"), 2),
+        ]
+        .into();
+        let held: HashSet<ShardId> = ["s0"].iter().map(|s| ShardId::from(*s)).collect();
+        let t0 = Instant::now();
+        let plan = p.plan(&"a".into(), &held, &shards(3), &leases, LEASE, t0);
+        assert!(plan.take.is_empty(), "alive until observed still");
+        let unread: Vec<&str> = plan.free.iter().map(ShardId::as_str).collect();
+        assert_eq!(unread, vec!["s1", "s2"], "read by nobody meanwhile");
+        assert_eq!(plan.live, 1, "a lost lease of ours is no other owner");
+        assert_eq!(plan.fair_share, 3);
+        let plan = p.plan(&"a".into(), &held, &shards(3), &leases, LEASE, t0 + LEASE);
+        assert_eq!(taken(&plan), vec!["s1", "s2"]);
+        assert_eq!(
+            plan.take[0].1.as_ref().map(|l| l.counter),
+            Some(9),
+            "taken back as observed, so a racing taker is fenced"
+        );
+    }
+
+    #[test]
+    fn a_lease_of_our_id_that_keeps_moving_is_not_taken() {
+        // Another process with the same owner id renews it: its counter
+        // moves, so it is never taken from under it.
+        let mut p = Planner::new();
+        let t0 = Instant::now();
+        for i in 0..5u32 {
+            let leases: HashMap<_, _> = [lease("s0", Some("a"), 10 + u64::from(i))].into();
+            let plan = p.plan(
+                &"a".into(),
+                &HashSet::new(),
+                &shards(1),
+                &leases,
+                LEASE,
+                t0 + LEASE * i,
+            );
+            assert!(plan.take.is_empty(), "round {i}: {plan:?}");
+        }
+    }
+
+    #[test]
+    fn free_lists_every_unheld_shard_even_past_the_share() {
+        let mut p = Planner::new();
+        let leases: HashMap<_, _> = [lease("s0", Some("b"), 1), lease("s1", Some("b"), 1)].into();
+        let plan = p.plan(
+            &"a".into(),
+            &HashSet::new(),
+            &shards(6),
+            &leases,
+            LEASE,
+            Instant::now(),
+        );
+        assert_eq!(taken(&plan), vec!["s2", "s3", "s4"]);
+        let free: Vec<&str> = plan.free.iter().map(ShardId::as_str).collect();
+        assert_eq!(free, vec!["s2", "s3", "s4", "s5"]);
     }
 }

@@ -12,6 +12,10 @@
 //! - [`HostProcess`] runs the `shardlane` binary on a config, collects its
 //!   JSON log lines, lets a test wait for a condition with a deadline, and
 //!   stops it with SIGTERM.
+//! - [`proxy::FaultProxy`] sits between the host and an emulator and
+//!   refuses, resets, delays or answers with injected AWS errors.
+
+pub mod proxy;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -452,6 +456,12 @@ pub mod guests {
         pub bad_batch: PathBuf,
         /// `tests/guests/importer`: imports what no host provides.
         pub importer: PathBuf,
+        /// `tests/guests/hostile`: huge reasons, forged log lines, huge trap
+        /// messages, as each record asks.
+        pub hostile: PathBuf,
+        /// `tests/guests/hostile-batch`: acks batches; run with a small
+        /// `max_memory` so a big batch cannot be lowered.
+        pub hostile_batch: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -515,6 +525,8 @@ pub mod guests {
             chaos: out.join("chaos.wasm"),
             bad_batch: out.join("bad_batch.wasm"),
             importer: out.join("importer.wasm"),
+            hostile: out.join("hostile.wasm"),
+            hostile_batch: out.join("hostile_batch.wasm"),
         })
     }
 }

@@ -1,0 +1,32 @@
+//! Throttling, made visible: a per-shard counter of AWS calls refused for
+//! throughput; a throttled stage says so at WARN at most once per
+//! [`LOG_INTERVAL`], through a [`crate::logging::LogGate`].
+//!
+//! Throttling is a normal event for a stream consumer (other consumers
+//! share a shard's read budget; a DynamoDB table has its capacity), so it
+//! is not an error — but an operator must be able to see it. Readers count
+//! Kinesis throttles per shard, the lease keeper counts DynamoDB throttles
+//! per lease (an empty `shard_id` for table-wide calls) in
+//! `shardlane_throttles_total{subscription, service, shard_id}`. Only calls
+//! the SDK gave up on count: its own retries (up to three attempts) absorb
+//! brief bursts.
+
+use std::time::Duration;
+
+use crate::telemetry::{Counter, Telemetry};
+
+/// How often a throttled stage may log that it is throttled.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The throttle counter of one service and shard.
+pub fn counter(telemetry: &Telemetry, subscription: &str, service: &str, shard: &str) -> Counter {
+    telemetry.counter(
+        "shardlane_throttles_total",
+        "AWS calls refused for throughput (throttling) after the SDK's own retries, by service and shard.",
+        &[
+            ("subscription", subscription),
+            ("service", service),
+            ("shard_id", shard),
+        ],
+    )
+}
