@@ -98,6 +98,10 @@ pub enum SettlementMsg {
 pub struct CheckpointRequest {
     /// The shard.
     pub shard: ShardId,
+    /// The reader session whose records it covers: the keeper writes it
+    /// only for the same taking of the lease (a request of a session lost
+    /// meanwhile must not move a newer taking's checkpoint, nor release it).
+    pub session: SessionId,
     /// The new checkpoint; `None` only for a drained shard of which no
     /// record settled.
     pub checkpoint: Option<Checkpoint>,
@@ -288,6 +292,7 @@ impl Settlement {
         if let Some(state) = self.shards.remove(shard) {
             self.send(CheckpointRequest {
                 shard: shard.clone(),
+                session: state.session,
                 checkpoint: state.watermark.checkpoint().cloned(),
                 drained: true,
             })
@@ -340,12 +345,14 @@ impl Settlement {
         };
         state.requested = Some(checkpoint.clone());
         state.last_request = Some(Instant::now());
+        let session = state.session;
         if checkpoint == Checkpoint::ShardEnd {
             // Nothing more will be read from this shard.
             self.shards.remove(&shard);
         }
         self.send(CheckpointRequest {
             shard,
+            session,
             checkpoint: Some(checkpoint),
             drained: false,
         })
@@ -511,6 +518,7 @@ mod tests {
             got,
             CheckpointRequest {
                 shard,
+                session: 1,
                 checkpoint: Some(Checkpoint::Sequence(seq(2))),
                 drained: true
             }

@@ -8,11 +8,13 @@
 //!   parents reached `SHARD_END`) and whom to ask for one (balancing). Each
 //!   lease taken starts a [`ShardReader`] after the lease's checkpoint, or,
 //!   for a child of a split or merge, at the child's beginning.
-//! - every `renew_every`: renew each held lease. A lease found taken by
-//!   another owner, or not renewed for a whole lease duration (transient
-//!   store errors are retried until then), is lost: its reader is cancelled
-//!   at once, and nothing more is checkpointed for it. A renewal that
-//!   reports a hand-over request starts a graceful hand-over.
+//! - every `renew_every`: renew each held lease (unless a checkpoint write
+//!   landed since, which moved its counter just as well). A lease found
+//!   taken by another owner, or not renewed for a whole lease duration
+//!   (transient store errors are retried until then), is lost: its reader
+//!   is cancelled at once, and nothing more is checkpointed for it. Any
+//!   landed write (renewal or checkpoint) that reports a hand-over request
+//!   starts a graceful hand-over.
 //!
 //! # Validity: a reader never hands out records on a lapsed lease
 //! Another instance takes a lease only after watching its counter stand
@@ -31,7 +33,10 @@
 //!
 //! It also writes the checkpoints settlement requests, in order, through the
 //! store's owner-and-counter-fenced write; `SHARD_END` also releases the
-//! lease (the shard is done).
+//! lease (the shard is done). A request names the reader session it covers
+//! and is written only for that taking of the lease. A write that fails
+//! for a transient reason goes back in line (a newer request covering it,
+//! `drained` kept) and is tried again at the next renewal tick.
 //!
 //! # Graceful release (hand-over and shutdown)
 //! The shard's reader is cancelled; it tells settlement how far it got;
@@ -39,7 +44,9 @@
 //! final checkpoint marked `drained`; the keeper writes it and releases the
 //! lease, so the next owner starts right after it. A release that takes
 //! longer than `shutdown_timeout` is forced (records still in flight are
-//! then read again by the next owner).
+//! then read again by the next owner) as soon as the lease's write under
+//! way lands. A sync that answers once shutdown began takes nothing and
+//! asks nobody.
 //!
 //! # Store calls never block the keeper
 //! Every store call (listing, acquire, renew, checkpoint, release, hand-over
@@ -100,9 +107,6 @@ use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry};
 /// about one per shard per `checkpoint_every`, so this is plenty.
 pub const CHECKPOINT_QUEUE: usize = 256;
 
-/// Tries of a checkpoint write that fails for a transient reason.
-const CHECKPOINT_TRIES: u32 = 3;
-
 fn leases_gauge(ctx: &ReaderContext) -> Gauge {
     ctx.telemetry.gauge(
         "shardlane_leases_held",
@@ -127,8 +131,12 @@ struct Holding {
     writing: bool,
     /// The checkpoint to write when the write under way lands.
     pending: Option<CheckpointRequest>,
-    /// A renewal came due while a write was under way.
+    /// A renewal is due: set by the renewal timer, cleared when a write
+    /// (renewal or checkpoint) lands.
     renew_due: bool,
+    /// Given up for longer than `shutdown_timeout`: released as soon as the
+    /// write under way lands.
+    force_release: bool,
 }
 
 impl Holding {
@@ -177,6 +185,8 @@ enum Io {
     },
     Asked {
         lease: Lease,
+        fair_share: usize,
+        live: usize,
         result: Result<(), LeaseError>,
     },
 }
@@ -266,8 +276,10 @@ async fn renew(
     }
 }
 
-/// A checkpoint write, recovering from a lost answer and retrying
-/// transient failures a few times (in its own task: the keeper goes on).
+/// A checkpoint write, recovering from a lost answer (in its own task: the
+/// keeper goes on). A transient failure is not retried here, where it would
+/// hold the lease's only write slot: the request goes back in line and is
+/// tried again at the next renewal tick, renewals taking their turn.
 async fn checkpoint(
     store: &dyn LeaseStore,
     owner: &OwnerId,
@@ -275,27 +287,12 @@ async fn checkpoint(
     checkpoint: &Checkpoint,
     limit: Duration,
 ) -> Result<HeldLease, LeaseError> {
-    let mut wait = Duration::from_millis(100);
-    let mut attempt = 1;
-    loop {
-        let written = match bounded(limit, store.checkpoint(held, checkpoint)).await {
-            Err(LeaseError::Lost(_)) => match bounded(limit, recover(store, owner, held)).await {
-                Ok(lease) => bounded(limit, store.checkpoint(&lease, checkpoint)).await,
-                Err(e) => Err(e),
-            },
-            other => other,
-        };
-        match written {
-            Err(e @ (LeaseError::Store(_) | LeaseError::Throttled(_)))
-                if attempt < CHECKPOINT_TRIES =>
-            {
-                tracing::warn!(lease = %held.key, error = %e, attempt, "checkpoint write failed; retrying");
-                tokio::time::sleep(wait).await;
-                wait *= 2;
-                attempt += 1;
-            }
-            other => return other,
+    match bounded(limit, store.checkpoint(held, checkpoint)).await {
+        Err(LeaseError::Lost(_)) => {
+            let lease = bounded(limit, recover(store, owner, held)).await?;
+            bounded(limit, store.checkpoint(&lease, checkpoint)).await
         }
+        other => other,
     }
 }
 
@@ -470,10 +467,15 @@ impl Keeper {
                     tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "lease not released; it will expire")
                 }
             },
-            Io::Asked { lease, result } => match result {
+            Io::Asked {
+                lease,
+                fair_share,
+                live,
+                result,
+            } => match result {
                 Ok(()) => tracing::info!(
                     subscription = %self.subscription.name, shard_id = %lease.key.shard,
-                    from = lease.owner.as_ref().map(OwnerId::as_str),
+                    from = lease.owner.as_ref().map(OwnerId::as_str), fair_share, live,
                     "asked for a lease hand-over"
                 ),
                 Err(e) => {
@@ -531,7 +533,8 @@ impl Keeper {
         leases: Result<Vec<Lease>, LeaseError>,
     ) {
         self.listing = false;
-        if self.reader_ctx.is_none() {
+        // Stopping: take nothing, ask nobody.
+        if self.reader_ctx.is_none() || self.readers_cancel.is_cancelled() {
             return;
         }
         let shards = match shards {
@@ -581,9 +584,16 @@ impl Keeper {
             .filter(|(_, h)| h.releasing.is_none())
             .map(|(s, _)| s.clone())
             .collect();
+        let releasing: HashSet<ShardId> = self
+            .held
+            .keys()
+            .filter(|s| !keeping.contains(*s))
+            .cloned()
+            .collect();
         let plan = self.planner.plan(
             &self.owner,
             &keeping,
+            &releasing,
             &shards,
             &leases,
             self.lease.lease_duration,
@@ -628,10 +638,15 @@ impl Keeper {
             let store = self.store.clone();
             let owner = self.owner.clone();
             let limit = self.lease.lease_duration;
-            tracing::debug!(subscription = %self.subscription.name, shard_id = %lease.key.shard, fair_share = plan.fair_share, live = plan.live, "asking for a lease hand-over");
+            let (fair_share, live) = (plan.fair_share, plan.live);
             self.io.spawn(async move {
                 let result = bounded(limit, store.request_handoff(&lease, &owner)).await;
-                Io::Asked { lease, result }
+                Io::Asked {
+                    lease,
+                    fair_share,
+                    live,
+                    result,
+                }
             });
         }
         self.round = Some(round);
@@ -675,6 +690,8 @@ impl Keeper {
                 self.start_reader(&reader_ctx, lease, sent_at, start, previous, fair_share);
             }
             Err(LeaseError::Lost(_)) => {
+                // Someone else reads it now.
+                round.free.remove(&shard);
                 tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, "lease taken by another instance first");
             }
             Err(e) => {
@@ -770,6 +787,7 @@ impl Keeper {
                 writing: false,
                 pending: None,
                 renew_due: false,
+                force_release: false,
             },
         );
         self.leases_held.set(self.held.len() as u64);
@@ -777,7 +795,7 @@ impl Keeper {
 
     /// A renewal round: every held lease renews at once, each in its own
     /// task; a lease being given up for longer than `shutdown_timeout` is
-    /// released instead.
+    /// released instead (once the write under way, if any, lands).
     fn renew_all(&mut self) {
         let shards: Vec<ShardId> = self.held.keys().cloned().collect();
         let now = Instant::now();
@@ -787,19 +805,25 @@ impl Keeper {
             };
             if let Some(since) = holding.releasing
                 && now.duration_since(since) >= self.subscription.shutdown_timeout
-                && !holding.writing
             {
-                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, "in-flight records did not settle within shutdown_timeout; releasing the lease anyway (the next owner reads them again)");
-                if let Some(holding) = self.held.remove(&shard) {
-                    if holding.lease.handoff.is_some() {
-                        self.handed_over.insert(shard.clone(), Instant::now());
-                    }
-                    self.release(&shard, holding.lease);
+                holding.force_release = true;
+                if !holding.writing {
+                    self.force_release(&shard);
                 }
                 continue;
             }
             holding.renew_due = true;
             self.next_write(&shard);
+        }
+    }
+
+    fn force_release(&mut self, shard: &ShardId) {
+        tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, "in-flight records did not settle within shutdown_timeout; releasing the lease anyway (the next owner reads them again)");
+        if let Some(holding) = self.held.remove(shard) {
+            if holding.lease.handoff.is_some() {
+                self.handed_over.insert(shard.clone(), Instant::now());
+            }
+            self.release(shard, holding.lease);
         }
     }
 
@@ -812,6 +836,10 @@ impl Keeper {
         if holding.writing {
             return;
         }
+        if holding.force_release {
+            self.force_release(shard);
+            return;
+        }
         let store = self.store.clone();
         let owner = self.owner.clone();
         let lease = holding.lease.clone();
@@ -821,10 +849,11 @@ impl Keeper {
             let Some(point) = request.checkpoint.clone() else {
                 // Drained with nothing new to write: settled as it stands.
                 self.drained(shard, None);
+                // Still held (not being given up): a due renewal goes on.
+                self.next_write(shard);
                 return;
             };
             holding.writing = true;
-            holding.renew_due = false;
             self.io.spawn(async move {
                 let sent_at = Instant::now();
                 let result = checkpoint(&*store, &owner, &lease, &point, limit).await;
@@ -837,7 +866,6 @@ impl Keeper {
             });
         } else if holding.renew_due {
             holding.writing = true;
-            holding.renew_due = false;
             let shard = shard.clone();
             self.io.spawn(async move {
                 let sent_at = Instant::now();
@@ -852,6 +880,44 @@ impl Keeper {
         }
     }
 
+    /// A write of the lease (renewal or checkpoint) landed, sent at
+    /// `sent_at`: the lease as it now stands is ours until `sent_at` plus a
+    /// lease duration, and a hand-over it carries starts now.
+    fn landed(&mut self, shard: &ShardId, lease: HeldLease, sent_at: Instant, moved: bool) {
+        let duration = self.lease.lease_duration;
+        let Some(holding) = self.held.get_mut(shard) else {
+            return;
+        };
+        let handoff = lease.handoff.clone();
+        holding.lease = lease;
+        if moved {
+            holding.extend(sent_at, duration);
+            holding.renew_due = false;
+        }
+        if let Some(to) = handoff
+            && holding.releasing.is_none()
+        {
+            tracing::info!(subscription = %self.subscription.name, shard_id = %shard, to = %to, "handing the lease over: reader stopping, in-flight records settling");
+            holding.releasing = Some(Instant::now());
+            holding.cancel.cancel();
+        }
+    }
+
+    /// A write failed for a transient reason: the lease is lost once its
+    /// validity deadline has passed; true when it still is held.
+    fn failed(&mut self, shard: &ShardId, e: &LeaseError, what: &str) -> bool {
+        let overdue = self
+            .held
+            .get(shard)
+            .is_some_and(|h| Instant::now() >= *h.valid_until.borrow());
+        self.note_store_error(Some(shard), e);
+        tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, overdue, "{what}");
+        if overdue {
+            self.lose(shard, "not renewed within a lease duration");
+        }
+        !overdue
+    }
+
     fn on_renewed(
         &mut self,
         shard: ShardId,
@@ -859,37 +925,19 @@ impl Keeper {
         sent_at: Instant,
         result: Result<(HeldLease, bool), LeaseError>,
     ) {
-        let duration = self.lease.lease_duration;
         // Only for the same taking of the lease.
         let Some(holding) = self.held.get_mut(&shard).filter(|h| h.session == session) else {
             return;
         };
         holding.writing = false;
         match result {
-            Ok((lease, wrote)) => {
-                let handoff = lease.handoff.clone();
-                holding.lease = lease;
-                if wrote {
-                    holding.extend(sent_at, duration);
-                }
-                if let Some(to) = handoff
-                    && holding.releasing.is_none()
-                {
-                    tracing::info!(subscription = %self.subscription.name, shard_id = %shard, to = %to, "handing the lease over: reader stopping, in-flight records settling");
-                    holding.releasing = Some(Instant::now());
-                    holding.cancel.cancel();
-                }
-            }
+            Ok((lease, wrote)) => self.landed(&shard, lease, sent_at, wrote),
             Err(LeaseError::Lost(_)) => {
                 self.lose(&shard, "taken by another instance");
                 return;
             }
             Err(e) => {
-                let overdue = Instant::now() >= *holding.valid_until.borrow();
-                self.note_store_error(Some(&shard), &e);
-                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, overdue, "lease renewal failed");
-                if overdue {
-                    self.lose(&shard, "not renewed within a lease duration");
+                if !self.failed(&shard, &e, "lease renewal failed") {
                     return;
                 }
             }
@@ -926,22 +974,18 @@ impl Keeper {
 
     /// Queues a checkpoint request behind the lease's write under way.
     fn on_request(&mut self, request: CheckpointRequest) {
-        let Some(holding) = self.held.get_mut(&request.shard) else {
+        let Some(holding) = self
+            .held
+            .get_mut(&request.shard)
+            .filter(|h| h.session == request.session)
+        else {
             if let Some(checkpoint) = &request.checkpoint {
-                tracing::warn!(subscription = %self.subscription.name, shard_id = %request.shard, checkpoint = checkpoint.as_str(), "checkpoint for a shard no longer held; not written");
+                tracing::warn!(subscription = %self.subscription.name, shard_id = %request.shard, checkpoint = checkpoint.as_str(), "checkpoint for a shard no longer held (or a reader session since replaced); not written");
             }
             return;
         };
         let shard = request.shard.clone();
-        holding.pending = Some(match holding.pending.take() {
-            // A later checkpoint covers an earlier one; drained stays.
-            Some(older) => CheckpointRequest {
-                checkpoint: request.checkpoint.or(older.checkpoint),
-                drained: request.drained || older.drained,
-                shard: request.shard,
-            },
-            None => request,
-        });
+        holding.pending = Some(merge(holding.pending.take(), request));
         self.next_write(&shard);
     }
 
@@ -952,34 +996,31 @@ impl Keeper {
         sent_at: Instant,
         result: Result<HeldLease, LeaseError>,
     ) {
-        let duration = self.lease.lease_duration;
         let shard = request.shard.clone();
-        // Only for the same taking of the lease.
         let Some(holding) = self.held.get_mut(&shard).filter(|h| h.session == session) else {
             return;
         };
         holding.writing = false;
-        let Some(point) = request.checkpoint.as_ref() else {
+        let Some(point) = request.checkpoint.clone() else {
             return;
         };
         match result {
             Ok(lease) => {
-                holding.lease = lease.clone();
-                holding.extend(sent_at, duration);
                 tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = point.as_str(), "checkpoint written");
                 self.status.shard(shard.as_str(), |s| {
                     s.checkpoint = point.as_str().to_owned();
                     s.checkpoint_at = Some(std::time::Instant::now());
                 });
-                if *point == Checkpoint::ShardEnd {
+                if point == Checkpoint::ShardEnd {
                     // The shard is done: nobody needs to read it again.
                     if self.held.remove(&shard).is_some() {
                         self.release(&shard, lease);
                     }
                     return;
                 }
+                self.landed(&shard, lease, sent_at, true);
                 if request.drained {
-                    self.drained(&shard, Some(point));
+                    self.drained(&shard, Some(&point));
                     if !self.held.contains_key(&shard) {
                         return;
                     }
@@ -990,8 +1031,25 @@ impl Keeper {
                 return;
             }
             Err(e) => {
-                self.note_store_error(Some(&shard), &e);
-                tracing::error!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "checkpoint not written; a later one will cover it");
+                if !self.failed(
+                    &shard,
+                    &e,
+                    "checkpoint not written; tried again at the next renewal",
+                ) {
+                    return;
+                }
+                // Back in line, behind nothing newer: a newer request
+                // covers it, keeping `drained`. Tried at the next tick.
+                if let Some(holding) = self.held.get_mut(&shard) {
+                    holding.pending = Some(match holding.pending.take() {
+                        Some(newer) => merge(Some(request), newer),
+                        None => request,
+                    });
+                    if holding.force_release {
+                        self.force_release(&shard);
+                    }
+                }
+                return;
             }
         }
         self.next_write(&shard);
@@ -1011,5 +1069,51 @@ impl Keeper {
             }
             self.release(shard, holding.lease);
         }
+    }
+}
+
+/// A newer checkpoint request in place of an older one of the same session:
+/// the newer checkpoint covers the older, and `drained` stays.
+fn merge(older: Option<CheckpointRequest>, newer: CheckpointRequest) -> CheckpointRequest {
+    match older {
+        Some(older) => CheckpointRequest {
+            checkpoint: newer.checkpoint.or(older.checkpoint),
+            drained: newer.drained || older.drained,
+            ..newer
+        },
+        None => newer,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::SequenceNumber;
+
+    fn request(checkpoint: Option<&str>, drained: bool) -> CheckpointRequest {
+        CheckpointRequest {
+            shard: "s".into(),
+            session: 3,
+            checkpoint: checkpoint.map(|c| Checkpoint::Sequence(SequenceNumber::parse(c).unwrap())),
+            drained,
+        }
+    }
+
+    #[test]
+    fn a_newer_request_covers_an_older_one_and_drained_stays() {
+        assert_eq!(
+            merge(None, request(Some("5"), false)),
+            request(Some("5"), false)
+        );
+        assert_eq!(
+            merge(Some(request(Some("5"), true)), request(Some("9"), false)),
+            request(Some("9"), true),
+            "a drained request is never lost behind a newer one"
+        );
+        assert_eq!(
+            merge(Some(request(Some("5"), false)), request(None, true)),
+            request(Some("5"), true),
+            "drained with nothing new keeps the checkpoint still to write"
+        );
     }
 }

@@ -67,13 +67,15 @@ impl Planner {
         Self::default()
     }
 
-    /// Plans for `me`, who holds `held` (and reads them, not counting leases
-    /// being given up), given the stream's `shards` and the table's
-    /// `leases`, at `now`.
+    /// Plans for `me`, who holds and reads `held` and is giving up
+    /// `releasing` (held too, but not counted toward its share), given the
+    /// stream's `shards` and the table's `leases`, at `now`.
+    #[allow(clippy::too_many_arguments)]
     pub fn plan(
         &mut self,
         me: &OwnerId,
         held: &HashSet<ShardId>,
+        releasing: &HashSet<ShardId>,
         shards: &[ShardInfo],
         leases: &HashMap<ShardId, Lease>,
         lease_duration: Duration,
@@ -99,7 +101,9 @@ impl Planner {
             let lease = leases.get(&shard.id);
             match lease.and_then(|l| l.owner.as_ref().map(|o| (l, o))) {
                 None => free.push((shard.id.clone(), lease.cloned())),
-                Some((_, owner)) if owner == me && held.contains(&shard.id) => {}
+                Some((_, owner))
+                    if owner == me
+                        && (held.contains(&shard.id) || releasing.contains(&shard.id)) => {}
                 Some((lease, owner)) => {
                     let entry = self
                         .observed
@@ -209,6 +213,7 @@ mod tests {
         let plan = p.plan(
             &"a".into(),
             &HashSet::new(),
+            &HashSet::new(),
             &shards(4),
             &HashMap::new(),
             LEASE,
@@ -227,6 +232,7 @@ mod tests {
             .collect();
         let plan = p.plan(
             &"c".into(),
+            &HashSet::new(),
             &HashSet::new(),
             &shards(8),
             &leases,
@@ -255,6 +261,7 @@ mod tests {
         let plan = p.plan(
             &"c".into(),
             &held,
+            &HashSet::new(),
             &shards(8),
             &leases,
             LEASE,
@@ -278,13 +285,22 @@ mod tests {
         let t0 = Instant::now();
         let leases: HashMap<_, _> =
             [lease("s0", Some("dead"), 7), lease("s1", Some("dead"), 9)].into();
-        let plan = p.plan(&"a".into(), &HashSet::new(), &shards(2), &leases, LEASE, t0);
+        let plan = p.plan(
+            &"a".into(),
+            &HashSet::new(),
+            &HashSet::new(),
+            &shards(2),
+            &leases,
+            LEASE,
+            t0,
+        );
         assert!(plan.take.is_empty(), "alive until observed still");
         // Half-way, one lease moved: only the other expires.
         let moved: HashMap<_, _> =
             [lease("s0", Some("dead"), 8), lease("s1", Some("dead"), 9)].into();
         p.plan(
             &"a".into(),
+            &HashSet::new(),
             &HashSet::new(),
             &shards(2),
             &moved,
@@ -294,6 +310,7 @@ mod tests {
         let plan = p.plan(
             &"a".into(),
             &HashSet::new(),
+            &HashSet::new(),
             &shards(2),
             &moved,
             LEASE,
@@ -302,6 +319,7 @@ mod tests {
         assert_eq!(taken(&plan), vec!["s1"]);
         let plan = p.plan(
             &"a".into(),
+            &HashSet::new(),
             &HashSet::new(),
             &shards(2),
             &moved,
@@ -329,6 +347,7 @@ mod tests {
         let plan = p.plan(
             &"a".into(),
             &HashSet::new(),
+            &HashSet::new(),
             &list,
             &HashMap::new(),
             LEASE,
@@ -339,6 +358,7 @@ mod tests {
         let leases: HashMap<_, _> = [ended(lease("p1", None, 3))].into();
         let plan = p.plan(
             &"a".into(),
+            &HashSet::new(),
             &HashSet::new(),
             &list,
             &leases,
@@ -356,6 +376,7 @@ mod tests {
         let plan = p.plan(
             &"a".into(),
             &HashSet::new(),
+            &HashSet::new(),
             &list,
             &leases,
             LEASE,
@@ -371,6 +392,7 @@ mod tests {
         // 6 shards, 2 live → share 3; 4 free, take 3.
         let plan = p.plan(
             &"a".into(),
+            &HashSet::new(),
             &HashSet::new(),
             &shards(6),
             &leases,
@@ -390,6 +412,7 @@ mod tests {
         let plan = p.plan(
             &"a".into(),
             &held,
+            &HashSet::new(),
             &shards(3),
             &leases,
             LEASE,
@@ -411,13 +434,29 @@ mod tests {
         .into();
         let held: HashSet<ShardId> = ["s0"].iter().map(|s| ShardId::from(*s)).collect();
         let t0 = Instant::now();
-        let plan = p.plan(&"a".into(), &held, &shards(3), &leases, LEASE, t0);
+        let plan = p.plan(
+            &"a".into(),
+            &held,
+            &HashSet::new(),
+            &shards(3),
+            &leases,
+            LEASE,
+            t0,
+        );
         assert!(plan.take.is_empty(), "alive until observed still");
         let unread: Vec<&str> = plan.free.iter().map(ShardId::as_str).collect();
         assert_eq!(unread, vec!["s1", "s2"], "read by nobody meanwhile");
         assert_eq!(plan.live, 1, "a lost lease of ours is no other owner");
         assert_eq!(plan.fair_share, 3);
-        let plan = p.plan(&"a".into(), &held, &shards(3), &leases, LEASE, t0 + LEASE);
+        let plan = p.plan(
+            &"a".into(),
+            &held,
+            &HashSet::new(),
+            &shards(3),
+            &leases,
+            LEASE,
+            t0 + LEASE,
+        );
         assert_eq!(taken(&plan), vec!["s1", "s2"]);
         assert_eq!(
             plan.take[0].1.as_ref().map(|l| l.counter),
@@ -437,6 +476,7 @@ mod tests {
             let plan = p.plan(
                 &"a".into(),
                 &HashSet::new(),
+                &HashSet::new(),
                 &shards(1),
                 &leases,
                 LEASE,
@@ -453,6 +493,7 @@ mod tests {
         let plan = p.plan(
             &"a".into(),
             &HashSet::new(),
+            &HashSet::new(),
             &shards(6),
             &leases,
             LEASE,
@@ -461,5 +502,27 @@ mod tests {
         assert_eq!(taken(&plan), vec!["s2", "s3", "s4"]);
         let free: Vec<&str> = plan.free.iter().map(ShardId::as_str).collect();
         assert_eq!(free, vec!["s2", "s3", "s4", "s5"]);
+    }
+
+    #[test]
+    fn a_lease_being_given_up_here_is_neither_taken_nor_counted() {
+        let mut p = Planner::new();
+        let t0 = Instant::now();
+        let leases: HashMap<_, _> = [lease("s0", Some("a"), 3), lease("s1", Some("a"), 5)].into();
+        let releasing: HashSet<ShardId> = ["s1"].iter().map(|s| ShardId::from(*s)).collect();
+        let held: HashSet<ShardId> = ["s0"].iter().map(|s| ShardId::from(*s)).collect();
+        for later in [t0, t0 + LEASE, t0 + LEASE * 3] {
+            let plan = p.plan(
+                &"a".into(),
+                &held,
+                &releasing,
+                &shards(2),
+                &leases,
+                LEASE,
+                later,
+            );
+            assert!(plan.take.is_empty(), "{plan:?}");
+            assert!(plan.free.is_empty(), "held here, so read: {plan:?}");
+        }
     }
 }

@@ -79,6 +79,7 @@ pub fn emulators_dir() -> anyhow::Result<PathBuf> {
             let ready = dir.join("node_modules/kinesis-local/main.js").exists()
                 && dir.join("node_modules/dynalite/cli.js").exists();
             if !ready {
+                eprintln!("installing the pinned emulators (npm ci in tests/emulators, once)");
                 run_checked(
                     Command::new("npm")
                         .args(["ci", "--no-audit", "--no-fund"])
