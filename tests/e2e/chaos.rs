@@ -22,8 +22,8 @@ use std::time::{Duration, SystemTime};
 
 use shardlane_testkit::{Dynalite, HostProcess, Kinesis, guests, unique_name};
 
-use crate::common::shardlane_bin;
-use crate::leases::{check_all_handled, env, fleet_config, handled, producer};
+use crate::common::{field, guest_lines, shardlane_bin};
+use crate::leases::{check_all_handled, env, fleet_config, handled, handled_data, producer};
 
 /// How long after a `kill -9` a redelivery is expected: the dead host's
 /// leases expire after `lease_duration` (3 s here), are taken at the next
@@ -173,17 +173,12 @@ async fn a_fleet_loses_nothing_through_random_kill_9_and_sigterm_cycles() {
     // Every delivery of every record, in time order.
     let mut deliveries: HashMap<String, Vec<String>> = HashMap::new();
     for host in &hosts {
-        for line in host.lines() {
-            if line["target"] == "guest"
-                && let Some(message) = line["message"].as_str()
-                && let Some(rest) = message.strip_prefix("handled data=")
-                && let Some((data, _)) = rest.rsplit_once(" attempt=")
-            {
-                deliveries
-                    .entry(data.to_owned())
-                    .or_default()
-                    .push(line["timestamp"].as_str().unwrap_or_default().to_owned());
-            }
+        let lines = host.lines();
+        for line in guest_lines(&lines, "handled data=") {
+            deliveries
+                .entry(handled_data(line).to_owned())
+                .or_default()
+                .push(field(line, "timestamp").to_owned());
         }
     }
     for stamps in deliveries.values_mut() {

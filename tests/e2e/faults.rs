@@ -11,18 +11,14 @@ use std::time::{Duration, Instant};
 use shardlane_testkit::proxy::{FaultProxy, Faults, Injection};
 use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
 
-use crate::common::{admin_addr, field, guest_lines, http, shardlane_bin};
-use crate::leases::{QUICK_LEASES, dynamodb_config};
+use crate::common::{admin_addr, field, http, shardlane_bin};
+use crate::leases::{self, QUICK_LEASES, dynamodb_config};
 
 /// The data of every handled record.
 fn handled(lines: &[LogLine]) -> HashSet<String> {
-    guest_lines(lines, "handled data=")
-        .iter()
-        .filter_map(|l| {
-            field(l, "message")["handled data=".len()..]
-                .rsplit_once(" attempt=")
-                .map(|(data, _)| data.to_owned())
-        })
+    leases::handled(lines)
+        .into_iter()
+        .map(|(data, _, _)| data)
         .collect()
 }
 
@@ -115,6 +111,25 @@ async fn rig(lease: &str) -> Rig {
     }
 }
 
+impl Rig {
+    /// Applies `faults` to the way to Kinesis and the way to DynamoDB.
+    fn fault_both(&self, faults: Faults) {
+        self.kinesis_proxy.set(faults.clone());
+        self.dynamodb_proxy.set(faults);
+    }
+
+    fn clear_both(&self) {
+        self.kinesis_proxy.clear();
+        self.dynamodb_proxy.clear();
+    }
+
+    /// Puts `n` records `<prefix>-<i>` and waits until all are handled.
+    async fn put_and_wait(&mut self, prefix: &str, n: usize, what: &str) {
+        let data = put(&self.kinesis, &self.stream, prefix, n).await;
+        wait_handled(&mut self.host, what, &data, Duration::from_secs(60)).await;
+    }
+}
+
 async fn wait_handled(host: &mut HostProcess, what: &str, data: &[String], within: Duration) {
     let want: HashSet<String> = data.iter().cloned().collect();
     host.wait_for(what, within, |lines| want.is_subset(&handled(lines)))
@@ -125,14 +140,8 @@ async fn wait_handled(host: &mut HostProcess, what: &str, data: &[String], withi
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lone_instance_takes_back_every_lease_an_outage_made_it_lose() {
     let mut rig = rig(QUICK_LEASES).await;
-    let before = put(&rig.kinesis, &rig.stream, "before", 200).await;
-    wait_handled(
-        &mut rig.host,
-        "records put before the outage",
-        &before,
-        Duration::from_secs(60),
-    )
-    .await;
+    rig.put_and_wait("before", 200, "records put before the outage")
+        .await;
     let admin = admin_addr(&rig.host);
     wait_ready(&admin, 200, Duration::from_secs(10)).await;
 
@@ -142,8 +151,7 @@ async fn a_lone_instance_takes_back_every_lease_an_outage_made_it_lose() {
         refuse: true,
         ..Faults::default()
     };
-    rig.kinesis_proxy.set(outage.clone());
-    rig.dynamodb_proxy.set(outage);
+    rig.fault_both(outage);
     rig.host
         .wait_for("every lease lost", Duration::from_secs(20), |lines| {
             lines
@@ -156,16 +164,13 @@ async fn a_lone_instance_takes_back_every_lease_an_outage_made_it_lose() {
         .unwrap();
     // Not ready while nothing is read (lease duration + two syncs).
     wait_ready(&admin, 503, Duration::from_secs(15)).await;
-    rig.kinesis_proxy.clear();
-    rig.dynamodb_proxy.clear();
+    rig.clear_both();
 
     // The table still names this instance; nobody else will take them.
-    let after = put(&rig.kinesis, &rig.stream, "after", 200).await;
-    wait_handled(
-        &mut rig.host,
+    rig.put_and_wait(
+        "after",
+        200,
         "records put after the outage (the leases taken back)",
-        &after,
-        Duration::from_secs(60),
     )
     .await;
     wait_ready(&admin, 200, Duration::from_secs(15)).await;
@@ -187,14 +192,8 @@ async fn seconds_of_added_latency_slow_the_host_down_but_lose_no_lease() {
     // The default lease settings and AWS deadlines: what must survive a
     // slow network.
     let mut rig = rig(r#"shard_sync_every = "2s""#).await;
-    let before = put(&rig.kinesis, &rig.stream, "before", 100).await;
-    wait_handled(
-        &mut rig.host,
-        "records put before the latency",
-        &before,
-        Duration::from_secs(60),
-    )
-    .await;
+    rig.put_and_wait("before", 100, "records put before the latency")
+        .await;
 
     // 2 s added to every call to Kinesis and DynamoDB, for 12 s: longer
     // than a lease duration, so renewals must land through it.
@@ -202,8 +201,7 @@ async fn seconds_of_added_latency_slow_the_host_down_but_lose_no_lease() {
         delay: Duration::from_secs(2),
         ..Faults::default()
     };
-    rig.kinesis_proxy.set(slow.clone());
-    rig.dynamodb_proxy.set(slow);
+    rig.fault_both(slow);
     let slow_since = Instant::now();
     let during = put(&rig.kinesis, &rig.stream, "during", 100).await;
     let handled_while_slow = rig
@@ -223,8 +221,7 @@ async fn seconds_of_added_latency_slow_the_host_down_but_lose_no_lease() {
         // The rest of the latency window.
         tokio::time::sleep(rest).await;
     }
-    rig.kinesis_proxy.clear();
-    rig.dynamodb_proxy.clear();
+    rig.clear_both();
     handled_while_slow.expect("GetRecords completes at 2 s of added latency");
     let lost: Vec<String> = rig
         .host
@@ -238,14 +235,8 @@ async fn seconds_of_added_latency_slow_the_host_down_but_lose_no_lease() {
         "renewals land through 2 s of latency"
     );
     eprintln!("latency: 100 records put at 2 s of added latency handled within {slow_for:?}");
-    let after = put(&rig.kinesis, &rig.stream, "after", 100).await;
-    wait_handled(
-        &mut rig.host,
-        "records put after the latency",
-        &after,
-        Duration::from_secs(60),
-    )
-    .await;
+    rig.put_and_wait("after", 100, "records put after the latency")
+        .await;
     assert!(rig.host.terminate().await.unwrap().success());
 }
 
@@ -255,14 +246,8 @@ async fn throttling_is_counted_per_shard_and_logged_at_most_once_an_interval() {
 renew_every = "1s"
 shard_sync_every = "1s""#)
     .await;
-    let before = put(&rig.kinesis, &rig.stream, "before", 40).await;
-    wait_handled(
-        &mut rig.host,
-        "records put before throttling",
-        &before,
-        Duration::from_secs(60),
-    )
-    .await;
+    rig.put_and_wait("before", 40, "records put before throttling")
+        .await;
     let admin = admin_addr(&rig.host);
 
     // Every GetRecords throttled, and every lease renewal (UpdateItem),
@@ -277,18 +262,11 @@ shard_sync_every = "1s""#)
     });
     // The throttled window.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    rig.kinesis_proxy.clear();
-    rig.dynamodb_proxy.clear();
+    rig.clear_both();
     assert!(rig.kinesis_proxy.injected() > 0 && rig.dynamodb_proxy.injected() > 0);
 
-    let after = put(&rig.kinesis, &rig.stream, "after", 40).await;
-    wait_handled(
-        &mut rig.host,
-        "records put after throttling",
-        &after,
-        Duration::from_secs(60),
-    )
-    .await;
+    rig.put_and_wait("after", 40, "records put after throttling")
+        .await;
     let (_, metrics) = get(&admin, "/metrics");
     let kinesis = metric_sum(&metrics, "shardlane_throttles_total", "service=\"kinesis\"");
     let dynamodb = metric_sum(

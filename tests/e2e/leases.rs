@@ -18,18 +18,21 @@ use tokio::task::JoinHandle;
 
 use crate::common::{field, guest_lines, seq_key, shardlane_bin};
 
+/// The data of a `handled data=<data> attempt=<n>` guest line.
+pub(crate) fn handled_data(line: &LogLine) -> &str {
+    field(line, "message")["handled data=".len()..]
+        .rsplit_once(" attempt=")
+        .expect("a handled line names its attempt")
+        .0
+}
+
 /// One handled record: (data, shard, sequence number), in log order.
 pub(crate) fn handled(lines: &[LogLine]) -> Vec<(String, String, String)> {
     guest_lines(lines, "handled data=")
         .iter()
         .map(|l| {
-            let data = field(l, "message")["handled data=".len()..]
-                .rsplit_once(" attempt=")
-                .unwrap()
-                .0
-                .to_owned();
             (
-                data,
+                handled_data(l).to_owned(),
                 field(l, "shard_id").to_owned(),
                 field(l, "sequence_number").to_owned(),
             )

@@ -93,6 +93,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+mod calls;
+
+use calls::{Io, bounded, checkpoint, renew};
+
 use super::planner::Planner;
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
 use crate::config::{LeaseConfig, StartPosition, SubscriptionConfig};
@@ -153,44 +157,6 @@ impl Holding {
     }
 }
 
-/// A store call's answer, back from its task.
-enum Io {
-    Listed {
-        shards: anyhow::Result<Vec<ShardInfo>>,
-        leases: Result<Vec<Lease>, LeaseError>,
-    },
-    Acquired {
-        shard: ShardId,
-        seen: Option<Lease>,
-        sent_at: Instant,
-        result: Result<HeldLease, LeaseError>,
-    },
-    Renewed {
-        shard: ShardId,
-        session: SessionId,
-        sent_at: Instant,
-        /// The lease, and whether this renewal wrote it (a recovered lease
-        /// was written earlier, so it does not move the deadline).
-        result: Result<(HeldLease, bool), LeaseError>,
-    },
-    Checkpointed {
-        request: CheckpointRequest,
-        session: SessionId,
-        sent_at: Instant,
-        result: Result<HeldLease, LeaseError>,
-    },
-    Released {
-        shard: ShardId,
-        result: Result<(), LeaseError>,
-    },
-    Asked {
-        lease: Lease,
-        fair_share: usize,
-        live: usize,
-        result: Result<(), LeaseError>,
-    },
-}
-
 /// A sync whose acquires are still under way.
 struct SyncRound {
     shards: Vec<ShardInfo>,
@@ -229,71 +195,6 @@ pub struct Keeper {
     /// with no lease yet is invisible to the planner's live count, and
     /// would otherwise lose the race to the giver's next sync forever).
     handed_over: HashMap<ShardId, Instant>,
-}
-
-/// Runs a store call, bounded by `limit`: an answer later than a lease
-/// duration is worthless, and a hung call must not hold the lease's writes.
-async fn bounded<T>(
-    limit: Duration,
-    call: impl Future<Output = Result<T, LeaseError>>,
-) -> Result<T, LeaseError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(LeaseError::Store(format!(
-            "no answer within {}",
-            humantime::format_duration(limit)
-        ))),
-    }
-}
-
-/// After a refused write: if the lease is still ours (our own earlier
-/// write landed but its answer was lost), carry on with its counter;
-/// otherwise it is lost.
-async fn recover(
-    store: &dyn LeaseStore,
-    owner: &OwnerId,
-    held: &HeldLease,
-) -> Result<HeldLease, LeaseError> {
-    match store.read(&held.key).await? {
-        Some(lease) if lease.owner.as_ref() == Some(owner) => Ok(HeldLease {
-            counter: lease.counter,
-            handoff: lease.handoff,
-            ..held.clone()
-        }),
-        _ => Err(LeaseError::Lost(held.key.clone())),
-    }
-}
-
-/// A renewal, recovering from a lost answer; `true` when it wrote.
-async fn renew(
-    store: &dyn LeaseStore,
-    owner: &OwnerId,
-    held: &HeldLease,
-) -> Result<(HeldLease, bool), LeaseError> {
-    match store.renew(held).await {
-        Err(LeaseError::Lost(_)) => recover(store, owner, held).await.map(|l| (l, false)),
-        other => other.map(|l| (l, true)),
-    }
-}
-
-/// A checkpoint write, recovering from a lost answer (in its own task: the
-/// keeper goes on). A transient failure is not retried here, where it would
-/// hold the lease's only write slot: the request goes back in line and is
-/// tried again at the next renewal tick, renewals taking their turn.
-async fn checkpoint(
-    store: &dyn LeaseStore,
-    owner: &OwnerId,
-    held: &HeldLease,
-    checkpoint: &Checkpoint,
-    limit: Duration,
-) -> Result<HeldLease, LeaseError> {
-    match bounded(limit, store.checkpoint(held, checkpoint)).await {
-        Err(LeaseError::Lost(_)) => {
-            let lease = bounded(limit, recover(store, owner, held)).await?;
-            bounded(limit, store.checkpoint(&lease, checkpoint)).await
-        }
-        other => other,
-    }
 }
 
 impl Keeper {
@@ -454,10 +355,9 @@ impl Keeper {
             } => self.on_renewed(shard, session, sent_at, result),
             Io::Checkpointed {
                 request,
-                session,
                 sent_at,
                 result,
-            } => self.on_checkpointed(request, session, sent_at, result),
+            } => self.on_checkpointed(request, sent_at, result),
             Io::Released { shard, result } => match result {
                 Ok(()) => {
                     tracing::info!(subscription = %self.subscription.name, shard_id = %shard, held = self.held.len(), "lease released")
@@ -578,18 +478,13 @@ impl Keeper {
                 });
             }
         }
-        let keeping: HashSet<ShardId> = self
-            .held
-            .iter()
-            .filter(|(_, h)| h.releasing.is_none())
-            .map(|(s, _)| s.clone())
-            .collect();
-        let releasing: HashSet<ShardId> = self
-            .held
-            .keys()
-            .filter(|s| !keeping.contains(*s))
-            .cloned()
-            .collect();
+        let (mut keeping, mut releasing) = (HashSet::new(), HashSet::new());
+        for (shard, holding) in &self.held {
+            match holding.releasing {
+                None => keeping.insert(shard.clone()),
+                Some(_) => releasing.insert(shard.clone()),
+            };
+        }
         let plan = self.planner.plan(
             &self.owner,
             &keeping,
@@ -605,7 +500,8 @@ impl Keeper {
             shards,
             fair_share: plan.fair_share,
             acquiring: HashSet::new(),
-            // A lease being given up here is held, not free.
+            // Held here, though the table (read before our latest writes
+            // landed) may say otherwise: read, not free.
             free: plan
                 .free
                 .into_iter()
@@ -613,8 +509,9 @@ impl Keeper {
                 .collect(),
         };
         for (shard, seen) in plan.take {
-            // Being given up here (the planner counts only leases kept), or
-            // handed over a moment ago: not taken now.
+            // Held here (the table may lag our view: taking it again would
+            // start a second reader), or handed over a moment ago: not
+            // taken now.
             if self.held.contains_key(&shard) || self.handed_over.contains_key(&shard) {
                 continue;
             }
@@ -859,7 +756,6 @@ impl Keeper {
                 let result = checkpoint(&*store, &owner, &lease, &point, limit).await;
                 Io::Checkpointed {
                     request,
-                    session,
                     sent_at,
                     result,
                 }
@@ -992,11 +888,11 @@ impl Keeper {
     fn on_checkpointed(
         &mut self,
         request: CheckpointRequest,
-        session: SessionId,
         sent_at: Instant,
         result: Result<HeldLease, LeaseError>,
     ) {
         let shard = request.shard.clone();
+        let session = request.session;
         let Some(holding) = self.held.get_mut(&shard).filter(|h| h.session == session) else {
             return;
         };

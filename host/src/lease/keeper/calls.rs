@@ -1,0 +1,115 @@
+//! The lease keeper's store calls, as they run in the keeper's own tasks
+//! (see "Store calls never block the keeper" in [`super`]): each bounded
+//! by a lease duration, each reporting back as one [`Io`] message.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::ids::{OwnerId, ShardId};
+use crate::kinesis::ShardInfo;
+use crate::lease::{HeldLease, Lease, LeaseError, LeaseStore};
+use crate::settlement::{Checkpoint, CheckpointRequest, SessionId};
+
+/// A store call's answer, back from its task.
+pub(super) enum Io {
+    Listed {
+        shards: anyhow::Result<Vec<ShardInfo>>,
+        leases: Result<Vec<Lease>, LeaseError>,
+    },
+    Acquired {
+        shard: ShardId,
+        seen: Option<Lease>,
+        sent_at: Instant,
+        result: Result<HeldLease, LeaseError>,
+    },
+    Renewed {
+        shard: ShardId,
+        session: SessionId,
+        sent_at: Instant,
+        /// The lease, and whether this renewal wrote it (a recovered lease
+        /// was written earlier, so it does not move the deadline).
+        result: Result<(HeldLease, bool), LeaseError>,
+    },
+    Checkpointed {
+        /// What was written, for which session of the lease.
+        request: CheckpointRequest,
+        sent_at: Instant,
+        result: Result<HeldLease, LeaseError>,
+    },
+    Released {
+        shard: ShardId,
+        result: Result<(), LeaseError>,
+    },
+    Asked {
+        lease: Lease,
+        fair_share: usize,
+        live: usize,
+        result: Result<(), LeaseError>,
+    },
+}
+
+/// Runs a store call, bounded by `limit`: an answer later than a lease
+/// duration is worthless, and a hung call must not hold the lease's writes.
+pub(super) async fn bounded<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, LeaseError>>,
+) -> Result<T, LeaseError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(LeaseError::Store(format!(
+            "no answer within {}",
+            humantime::format_duration(limit)
+        ))),
+    }
+}
+
+/// After a refused write: if the lease is still ours (our own earlier
+/// write landed but its answer was lost), carry on with its counter;
+/// otherwise it is lost.
+async fn recover(
+    store: &dyn LeaseStore,
+    owner: &OwnerId,
+    held: &HeldLease,
+) -> Result<HeldLease, LeaseError> {
+    match store.read(&held.key).await? {
+        Some(lease) if lease.owner.as_ref() == Some(owner) => Ok(HeldLease {
+            counter: lease.counter,
+            handoff: lease.handoff,
+            ..held.clone()
+        }),
+        _ => Err(LeaseError::Lost(held.key.clone())),
+    }
+}
+
+/// A renewal, recovering from a lost answer; `true` when it wrote.
+pub(super) async fn renew(
+    store: &dyn LeaseStore,
+    owner: &OwnerId,
+    held: &HeldLease,
+) -> Result<(HeldLease, bool), LeaseError> {
+    match store.renew(held).await {
+        Err(LeaseError::Lost(_)) => recover(store, owner, held).await.map(|l| (l, false)),
+        other => other.map(|l| (l, true)),
+    }
+}
+
+/// A checkpoint write, recovering from a lost answer (in its own task: the
+/// keeper goes on). A transient failure is not retried here, where it would
+/// hold the lease's only write slot: the request goes back in line and is
+/// tried again at the next renewal tick, renewals taking their turn.
+pub(super) async fn checkpoint(
+    store: &dyn LeaseStore,
+    owner: &OwnerId,
+    held: &HeldLease,
+    checkpoint: &Checkpoint,
+    limit: Duration,
+) -> Result<HeldLease, LeaseError> {
+    match bounded(limit, store.checkpoint(held, checkpoint)).await {
+        Err(LeaseError::Lost(_)) => {
+            let lease = bounded(limit, recover(store, owner, held)).await?;
+            bounded(limit, store.checkpoint(&lease, checkpoint)).await
+        }
+        other => other,
+    }
+}
