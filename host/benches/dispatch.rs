@@ -15,15 +15,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shardlane::channel::{self, Delivery, Record};
+use shardlane::bench::{
+    CallError, Delivery, Dispatcher, Handler, HandlerFactory, Outcome, Policy, Record,
+    SETTLEMENT_QUEUE, Settlement, SettlementMsg, Telemetry, Ticket, channel,
+};
 use shardlane::config::{
     BatchConfig, DispatchMode, FailurePolicy, OnFailure, SandboxConfig, StartPosition,
     SubscriptionConfig, defaults,
 };
-use shardlane::dispatch::{Dispatcher, Handler, HandlerFactory};
-use shardlane::ids::{LaneId, PartitionKey, SequenceNumber, ShardId, StreamName};
-use shardlane::plugin::{CallError, Outcome, PluginError, PluginHost};
-use shardlane::settlement::{SETTLEMENT_QUEUE, Settlement, SettlementMsg, Ticket};
+use shardlane::ids::{LaneId, PartitionKey, SequenceNumber, SessionId, ShardId, StreamName};
+use shardlane::plugin::PluginHost;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -50,8 +51,9 @@ impl Handler for NativeNoop {
 
 impl HandlerFactory for NativeNoop {
     type Handler = NativeNoop;
+    type Error = std::convert::Infallible;
 
-    async fn create(&self, _lane: LaneId) -> Result<NativeNoop, PluginError> {
+    async fn create(&self, _lane: LaneId) -> Result<NativeNoop, Self::Error> {
         Ok(NativeNoop)
     }
 }
@@ -128,7 +130,7 @@ async fn run<F: HandlerFactory>(
     factory: Arc<F>,
     records: Vec<Arc<Record>>,
 ) -> Duration {
-    let (deliveries_tx, deliveries_rx) = channel::channel();
+    let (deliveries_tx, deliveries_rx) = channel();
     let (settle_tx, settle_rx) = mpsc::channel(SETTLEMENT_QUEUE);
     let (checkpoint_tx, mut checkpoint_rx) = mpsc::channel(1024);
     let sink = tokio::spawn(async move { while checkpoint_rx.recv().await.is_some() {} });
@@ -139,9 +141,11 @@ async fn run<F: HandlerFactory>(
         Dispatcher::new(
             sub.clone(),
             factory,
+            Policy::new(&sub.failure, |_| {
+                unreachable!("on_failure = block: no dead letters")
+            }),
             settle_tx.clone(),
-            None,
-            shardlane::telemetry::Telemetry::new(),
+            Telemetry::new(),
         )
         .run(deliveries_rx, CancellationToken::new()),
     );
@@ -155,7 +159,7 @@ async fn run<F: HandlerFactory>(
         settle_tx
             .send(SettlementMsg::Open {
                 shard: per_shard[s][0].shard.clone(),
-                session: 1,
+                session: SessionId(1),
             })
             .await
             .unwrap();
@@ -173,7 +177,7 @@ async fn run<F: HandlerFactory>(
             settle_tx
                 .send(SettlementMsg::Track {
                     shard: shard.clone(),
-                    session: 1,
+                    session: SessionId(1),
                     sequences: chunk.iter().map(|r| r.sequence.clone()).collect(),
                 })
                 .await
@@ -181,7 +185,7 @@ async fn run<F: HandlerFactory>(
             for record in chunk {
                 let ticket = Ticket {
                     shard: shard.clone(),
-                    session: 1,
+                    session: SessionId(1),
                     offset: offsets[s],
                 };
                 offsets[s] += 1;

@@ -9,7 +9,7 @@ use rand::Rng;
 /// upper half of the current step ("equal jitter"), so many retriers spread
 /// out while each still waits at least half the nominal time.
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     initial: Duration,
     max: Duration,
     current: Duration,
@@ -17,7 +17,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// A backoff starting at `initial`, never above `max`.
-    pub fn new(initial: Duration, max: Duration) -> Self {
+    pub(crate) fn new(initial: Duration, max: Duration) -> Self {
         Self {
             initial,
             max,
@@ -26,7 +26,7 @@ impl Backoff {
     }
 
     /// The next wait, and doubles the step.
-    pub fn next_wait(&mut self) -> Duration {
+    pub(crate) fn next_wait(&mut self) -> Duration {
         let step = self.current;
         self.current = (self.current * 2).min(self.max);
         let half = step / 2;
@@ -34,7 +34,7 @@ impl Backoff {
     }
 
     /// Back to `initial` after a success.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.current = self.initial.min(self.max);
     }
 }

@@ -51,10 +51,10 @@ pub struct Delivery {
 }
 
 /// The sending half, one clone per reader.
-pub type DeliverySender = async_channel::Sender<Delivery>;
+pub(crate) type DeliverySender = async_channel::Sender<Delivery>;
 /// The receiving half, owned by the dispatch stage. Multi-consumer: in
 /// `workers` mode every lane takes from it directly.
-pub type DeliveryReceiver = async_channel::Receiver<Delivery>;
+pub(crate) type DeliveryReceiver = async_channel::Receiver<Delivery>;
 
 /// Creates a subscription's channel.
 pub fn channel() -> (DeliverySender, DeliveryReceiver) {

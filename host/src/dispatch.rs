@@ -47,152 +47,67 @@
 //! there has not settled, so the checkpoint stays below it.
 //!
 //! # Spans
-//! Every handler call runs in a `process` span (target [`spans::TARGET`])
-//! with OpenTelemetry's messaging fields ([`spans`]), so what a guest logs
+//! Every handler call runs in a `process` span (target
+//! [`spans::TARGET`](crate::telemetry::spans::TARGET)) with OpenTelemetry's
+//! messaging fields ([`crate::telemetry::spans`]), so what a guest logs
 //! during a call carries the call's context.
 //!
-//! The handler is abstract ([`HandlerFactory`]): a Wasm plugin in the
-//! service, a native no-op in the dispatch benchmark.
+//! The handler is abstract ([`handler`]: [`HandlerFactory`], [`Handler`],
+//! in dispatch's own [`Outcome`] and [`CallError`]): a Wasm plugin in the
+//! service, a native no-op in the dispatch benchmark, a scripted handler
+//! in the lane's unit tests.
 
-pub mod batch;
+mod batch;
+mod handler;
 mod lane;
-pub mod routing;
-pub mod spans;
+pub(crate) mod routing;
 
-use std::future::Future;
+pub use handler::{CallError, Handler, HandlerFactory, Outcome};
+
 use std::sync::Arc;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::channel::{Delivery, DeliveryReceiver, Record};
+use crate::channel::{Delivery, DeliveryReceiver};
 use crate::config::{DispatchMode, SubscriptionConfig};
-use crate::failure::DeadLetters;
+use crate::failure::Policy;
 use crate::ids::LaneId;
-use crate::plugin::{CallError, Instance, Outcome, Plugin, PluginDigest, PluginError};
 use crate::settlement::SettlementSender;
 use crate::telemetry::{SubscriptionStatus, Telemetry};
 use lane::{Lane, LaneMetrics};
-
-/// How a subscription dispatches, as the status page shows it.
-pub fn mode_label(sub: &SubscriptionConfig) -> String {
-    let mode = match sub.dispatch {
-        DispatchMode::Sequential => "sequential".to_owned(),
-        DispatchMode::Workers(n) => format!("workers = {n}"),
-        DispatchMode::ByKey(n) => format!("workers = {n}, by_key"),
-    };
-    match sub.batch {
-        Some(b) => format!(
-            "{mode}, batch_size = {}, batch_window = {:?}",
-            b.size, b.window
-        ),
-        None => mode,
-    }
-}
 
 /// Deliveries a by_key lane's inbox holds before the router waits for it
 /// (see "Head-of-line behaviour"). Enough to keep a lane busy while the
 /// router serves the others; small, since it adds to what is read ahead.
 pub const LANE_INBOX: usize = 32;
 
-/// One handler instance, owned by one lane.
-pub trait Handler: Send + 'static {
-    /// Handles one record.
-    fn handle(
-        &mut self,
-        record: &Arc<Record>,
-        attempt: u32,
-    ) -> impl Future<Output = Result<Outcome, CallError>> + Send;
-
-    /// Handles a batch; one outcome per record, in order.
-    fn handle_batch(
-        &mut self,
-        records: &[(Arc<Record>, u32)],
-    ) -> impl Future<Output = Result<Vec<Outcome>, CallError>> + Send;
-
-    /// The plugin version that handles `record` in this instance (with a
-    /// canary it depends on the key); named in dead-letter envelopes.
-    /// `None` for a handler that is not a plugin.
-    fn version(&self, _record: &Record) -> Option<PluginDigest> {
-        None
-    }
-}
-
-/// Makes handler instances: one per lane, and a fresh one after a trap.
-pub trait HandlerFactory: Send + Sync + 'static {
-    /// The instances it makes.
-    type Handler: Handler;
-
-    /// A fresh instance for `lane`.
-    fn create(
-        &self,
-        lane: LaneId,
-    ) -> impl Future<Output = Result<Self::Handler, PluginError>> + Send;
-
-    /// Which plugin version `create` makes now; a lane whose instance is of
-    /// an older generation drops it at its next record or batch boundary
-    /// (hot-swap). Constant for a factory that never changes.
-    fn generation(&self) -> u64 {
-        0
-    }
-}
-
-impl Handler for Instance {
-    fn handle(
-        &mut self,
-        record: &Arc<Record>,
-        attempt: u32,
-    ) -> impl Future<Output = Result<Outcome, CallError>> + Send {
-        Instance::handle(self, record, attempt)
-    }
-
-    fn handle_batch(
-        &mut self,
-        records: &[(Arc<Record>, u32)],
-    ) -> impl Future<Output = Result<Vec<Outcome>, CallError>> + Send {
-        Instance::handle_batch(self, records)
-    }
-
-    fn version(&self, _record: &Record) -> Option<PluginDigest> {
-        Some(self.digest().clone())
-    }
-}
-
-impl HandlerFactory for Plugin {
-    type Handler = Instance;
-
-    fn create(&self, lane: LaneId) -> impl Future<Output = Result<Instance, PluginError>> + Send {
-        self.instantiate(lane)
-    }
-}
-
 /// The dispatch stage of one subscription.
 pub struct Dispatcher<F> {
     subscription: Arc<SubscriptionConfig>,
     factory: Arc<F>,
+    policy: Arc<Policy>,
     settlement: SettlementSender,
-    dead_letters: Option<DeadLetters>,
     telemetry: Arc<Telemetry>,
     status: Arc<SubscriptionStatus>,
 }
 
 impl<F: HandlerFactory> Dispatcher<F> {
-    /// A dispatcher calling handlers from `factory`, settling through
-    /// `settlement`, and putting given-up records to `dead_letters` (needed
-    /// when the policy is `dead_letter`).
+    /// A dispatcher calling handlers from `factory`, giving up on records
+    /// by `policy`, and settling through `settlement`.
     pub fn new(
         subscription: Arc<SubscriptionConfig>,
         factory: Arc<F>,
+        policy: Policy,
         settlement: SettlementSender,
-        dead_letters: Option<DeadLetters>,
         telemetry: Arc<Telemetry>,
     ) -> Self {
-        let status = telemetry.subscription(subscription.name.as_str(), mode_label(&subscription));
+        let status = telemetry.subscription(&subscription.name, subscription.mode());
         Self {
             subscription,
             factory,
+            policy: Arc::new(policy),
             settlement,
-            dead_letters,
             telemetry,
             status,
         }
@@ -202,9 +117,9 @@ impl<F: HandlerFactory> Dispatcher<F> {
         Lane::new(
             LaneId(id as u32),
             self.subscription.clone(),
+            self.policy.clone(),
             self.factory.clone(),
             self.settlement.clone(),
-            self.dead_letters.clone(),
             LaneMetrics::new(
                 &self.telemetry,
                 &self.status,

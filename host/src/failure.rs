@@ -67,35 +67,143 @@
 //!   (a smaller limit than Kinesis's), it is put again at once without the
 //!   data; a refusal is never retried with the same envelope.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use aws_sdk_kinesis::Client;
-use aws_sdk_kinesis::primitives::Blob;
-
-use aws_sdk_kinesis::error::{ProvideErrorMetadata as _, SdkError};
-use aws_sdk_kinesis::operation::put_record::PutRecordError;
+use async_trait::async_trait;
 
 use crate::channel::Record;
 use crate::config::{FailurePolicy, OnFailure};
-use crate::ids::{StreamName, SubscriptionName};
+use crate::ids::{PluginDigest, StreamName, SubscriptionName};
+use crate::kinesis::{Kinesis, KinesisError};
 use crate::logging::{MAX_GUEST_TEXT, capped};
-use crate::plugin::PluginDigest;
 
 /// The most a Kinesis record may hold: partition key and data together
 /// (1,048,576 bytes). Every envelope fits (module docs, "Size").
-pub const MAX_RECORD_BYTES: usize = 1 << 20;
+pub(crate) const MAX_RECORD_BYTES: usize = 1 << 20;
 
-/// What a lane does after a failed attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
+/// What a lane does after a failed attempt. Giving up carries where the
+/// record goes, so the decision and its sink cannot disagree.
+#[derive(Clone, Copy)]
+pub enum Next<'a> {
     /// Try again after a backoff.
     Retry,
     /// Out of attempts or age, but the policy blocks: try again anyway.
     Blocked,
     /// Put to the dead-letter stream, then settle.
-    DeadLetter,
+    DeadLetter(&'a dyn DeadLetterSink),
     /// Settle with an error log.
     Skip,
+}
+
+impl std::fmt::Debug for Next<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Next::Retry => f.write_str("Retry"),
+            Next::Blocked => f.write_str("Blocked"),
+            Next::DeadLetter(sink) => write!(f, "DeadLetter({})", sink.stream()),
+            Next::Skip => f.write_str("Skip"),
+        }
+    }
+}
+
+/// What giving up on a record does, fixed when the policy is made.
+#[derive(Clone)]
+enum GiveUp {
+    Block,
+    Skip,
+    DeadLetter(Arc<dyn DeadLetterSink>),
+}
+
+/// A subscription's failure policy, ready to apply: the config's
+/// [`FailurePolicy`] with its dead-letter sink in place.
+#[derive(Clone)]
+pub struct Policy {
+    max_attempts: Option<u32>,
+    max_record_age: Option<Duration>,
+    give_up: GiveUp,
+    /// Failed batches are split in halves, each retried on its own.
+    pub bisect_on_error: bool,
+}
+
+impl Policy {
+    /// The policy `config` describes; `sink` makes the dead-letter sink
+    /// for its `dead_letter_stream` (called only for `on_failure =
+    /// "dead_letter"`).
+    pub fn new(
+        config: &FailurePolicy,
+        sink: impl FnOnce(&StreamName) -> Arc<dyn DeadLetterSink>,
+    ) -> Self {
+        Self {
+            max_attempts: config.max_attempts,
+            max_record_age: config.max_record_age,
+            give_up: match &config.on_failure {
+                OnFailure::Block => GiveUp::Block,
+                OnFailure::Skip => GiveUp::Skip,
+                OnFailure::DeadLetter(stream) => GiveUp::DeadLetter(sink(stream)),
+            },
+            bisect_on_error: config.bisect_on_error,
+        }
+    }
+
+    /// The attempts a record may use, if limited.
+    pub fn max_attempts(&self) -> Option<u32> {
+        self.max_attempts
+    }
+
+    fn give_up(&self) -> Next<'_> {
+        match &self.give_up {
+            GiveUp::Block => Next::Blocked,
+            GiveUp::Skip => Next::Skip,
+            GiveUp::DeadLetter(sink) => Next::DeadLetter(&**sink),
+        }
+    }
+
+    /// After attempt number `attempt` failed (retry outcome, trap,
+    /// timeout) on a record of age `age`.
+    pub fn after_failure(&self, attempt: u32, age: Option<Duration>) -> Next<'_> {
+        let out_of_attempts = self.max_attempts.is_some_and(|max| attempt >= max);
+        let too_old = matches!((self.max_record_age, age), (Some(max), Some(age)) if age > max);
+        if out_of_attempts || too_old {
+            self.give_up()
+        } else {
+            Next::Retry
+        }
+    }
+
+    /// After the handler rejected a record: block does not apply.
+    pub fn after_reject(&self) -> Next<'_> {
+        match &self.give_up {
+            GiveUp::DeadLetter(sink) => Next::DeadLetter(&**sink),
+            GiveUp::Block | GiveUp::Skip => Next::Skip,
+        }
+    }
+}
+
+/// Why a record is being dead-lettered, as its envelope tells it.
+#[derive(Debug, Clone, Copy)]
+pub struct LastFailure<'a> {
+    /// The last failure (`rejected: …`, `retry: …`, a trap).
+    pub reason: &'a str,
+    /// Attempts used.
+    pub attempts: u32,
+    /// The plugin version whose attempt failed last.
+    pub version: Option<&'a PluginDigest>,
+}
+
+/// Where given-up records go: the dead-letter stream
+/// ([`DeadLetters`]), or a fake in tests.
+#[async_trait]
+pub trait DeadLetterSink: Send + Sync + 'static {
+    /// The stream it puts to.
+    fn stream(&self) -> &StreamName;
+
+    /// Puts `record`'s envelope.
+    ///
+    /// # Errors
+    /// Why it was not put; the caller retries with backoff, the record
+    /// unsettled meanwhile.
+    async fn put(&self, record: &Record, failure: LastFailure<'_>) -> Result<Put, KinesisError>;
 }
 
 fn now_ms() -> u64 {
@@ -106,66 +214,37 @@ fn now_ms() -> u64 {
 }
 
 /// How old a record is, if Kinesis told its arrival time.
-pub fn age(record: &Record) -> Option<Duration> {
+pub(crate) fn age(record: &Record) -> Option<Duration> {
     (record.arrival_ms > 0)
         .then(|| Duration::from_millis(now_ms().saturating_sub(record.arrival_ms)))
 }
 
-fn give_up(policy: &FailurePolicy) -> Next {
-    match policy.on_failure {
-        OnFailure::Block => Next::Blocked,
-        OnFailure::Skip => Next::Skip,
-        OnFailure::DeadLetter(_) => Next::DeadLetter,
-    }
-}
-
-/// After attempt number `attempt` failed (retry outcome, trap, timeout) on
-/// a record of age `age`.
-pub fn after_failure(policy: &FailurePolicy, attempt: u32, age: Option<Duration>) -> Next {
-    let out_of_attempts = policy.max_attempts.is_some_and(|max| attempt >= max);
-    let too_old = matches!((policy.max_record_age, age), (Some(max), Some(age)) if age > max);
-    if out_of_attempts || too_old {
-        give_up(policy)
-    } else {
-        Next::Retry
-    }
-}
-
-/// After the handler rejected a record: block does not apply.
-pub fn after_reject(policy: &FailurePolicy) -> Next {
-    match policy.on_failure {
-        OnFailure::DeadLetter(_) => Next::DeadLetter,
-        OnFailure::Block | OnFailure::Skip => Next::Skip,
-    }
-}
-
 /// Puts given-up records to the dead-letter stream.
 #[derive(Clone)]
-pub struct DeadLetters {
-    client: Client,
+pub(crate) struct DeadLetters {
+    kinesis: Kinesis,
     stream: StreamName,
     subscription: SubscriptionName,
 }
 
 impl DeadLetters {
     /// A sink for `stream`, for records of `subscription`.
-    pub fn new(client: Client, stream: StreamName, subscription: SubscriptionName) -> Self {
+    pub(crate) fn new(
+        kinesis: Kinesis,
+        stream: StreamName,
+        subscription: SubscriptionName,
+    ) -> Self {
         Self {
-            client,
+            kinesis,
             stream,
             subscription,
         }
     }
 
-    /// The stream it puts to.
-    pub fn stream(&self) -> &StreamName {
-        &self.stream
-    }
-
     /// The envelope (module docs) for one record, failed last by the
     /// plugin version `plugin`: with the data when it fits in one record
     /// beside the partition key, without it otherwise.
-    pub fn envelope(
+    pub(crate) fn envelope(
         &self,
         record: &Record,
         reason: &str,
@@ -218,62 +297,50 @@ impl DeadLetters {
         // A JSON value of strings and numbers always serializes.
         serde_json::to_vec(&envelope).expect("envelope serializes")
     }
+}
 
-    /// Puts one record's envelope, with the record's partition key; an
-    /// envelope with data that the stream refuses as invalid is put again
-    /// at once without it (module docs, "Size").
-    ///
-    /// # Errors
-    /// The SDK's error, as text; the caller retries.
-    pub async fn put(
-        &self,
-        record: &Record,
-        reason: &str,
-        attempts: u32,
-        plugin: Option<&PluginDigest>,
-    ) -> Result<Put, String> {
-        let envelope = self.envelope(record, reason, attempts, plugin);
-        let data_omitted = envelope.data_omitted;
-        match self.put_envelope(record, envelope.bytes).await {
-            Err(e) if !data_omitted && refused_as_invalid(&e) => {
-                let bytes = self.envelope_bytes(record, reason, attempts, plugin, false);
-                self.put_envelope(record, bytes)
-                    .await
-                    .map(|sequence| Put {
-                        sequence,
-                        data_omitted: true,
-                    })
-                    .map_err(|e| describe(&e))
-            }
-            put => put
-                .map(|sequence| Put {
-                    sequence,
-                    data_omitted,
-                })
-                .map_err(|e| describe(&e)),
-        }
+#[async_trait]
+impl DeadLetterSink for DeadLetters {
+    fn stream(&self) -> &StreamName {
+        &self.stream
     }
 
-    async fn put_envelope(
-        &self,
-        record: &Record,
-        bytes: Vec<u8>,
-    ) -> Result<String, SdkError<PutRecordError>> {
-        let output = self
-            .client
-            .put_record()
-            .stream_name(self.stream.as_str())
-            .partition_key(record.partition_key.as_str())
-            .data(Blob::new(bytes))
-            .send()
-            .await?;
-        Ok(output.sequence_number().to_owned())
+    /// Puts one record's envelope, with the record's partition key; an
+    /// envelope with data that the stream refuses is put again at once
+    /// without it (module docs, "Size").
+    async fn put(&self, record: &Record, failure: LastFailure<'_>) -> Result<Put, KinesisError> {
+        let LastFailure {
+            reason,
+            attempts,
+            version,
+        } = failure;
+        let envelope = self.envelope(record, reason, attempts, version);
+        let data_omitted = envelope.data_omitted;
+        let key = &record.partition_key;
+        match self
+            .kinesis
+            .put_record(&self.stream, key, envelope.bytes)
+            .await
+        {
+            Err(KinesisError::Refused(_)) if !data_omitted => {
+                let bytes = self.envelope_bytes(record, reason, attempts, version, false);
+                let sequence = self.kinesis.put_record(&self.stream, key, bytes).await?;
+                Ok(Put {
+                    sequence,
+                    data_omitted: true,
+                })
+            }
+            put => put.map(|sequence| Put {
+                sequence,
+                data_omitted,
+            }),
+        }
     }
 }
 
 /// One record's envelope, built to fit (module docs, "Size").
 #[derive(Debug)]
-pub struct Envelope {
+pub(crate) struct Envelope {
     /// The JSON.
     pub bytes: Vec<u8>,
     /// True when the data was left out.
@@ -289,37 +356,29 @@ pub struct Put {
     pub data_omitted: bool,
 }
 
-/// True when Kinesis refused the put for what was sent (an invalid argument
-/// or a failed validation, as for a record over its size), not for the
-/// stream's state or the network: the same envelope would be refused again.
-fn refused_as_invalid(e: &SdkError<PutRecordError>) -> bool {
-    match e {
-        SdkError::ServiceError(service) => {
-            let err = service.err();
-            err.is_invalid_argument_exception() || err.code() == Some("ValidationException")
-        }
-        _ => false,
-    }
-}
-
-fn describe(e: &SdkError<PutRecordError>) -> String {
-    format!("{}", aws_sdk_kinesis::error::DisplayErrorContext(e))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn policy(
-        max_attempts: Option<u32>,
-        max_age: Option<u64>,
-        on_failure: OnFailure,
-    ) -> FailurePolicy {
-        FailurePolicy {
+    fn policy(max_attempts: Option<u32>, max_age: Option<u64>, on_failure: OnFailure) -> Policy {
+        let config = FailurePolicy {
             max_attempts,
             max_record_age: max_age.map(Duration::from_secs),
             on_failure,
             bisect_on_error: false,
+        };
+        Policy::new(&config, |stream| {
+            let mut sink = dead_letters();
+            sink.stream = stream.clone();
+            Arc::new(sink)
+        })
+    }
+
+    /// What `next` says, with the dead-letter stream it names.
+    fn said(next: Next<'_>) -> String {
+        match next {
+            Next::DeadLetter(sink) => format!("dead_letter {}", sink.stream()),
+            other => format!("{other:?}"),
         }
     }
 
@@ -329,7 +388,7 @@ mod tests {
             .region(aws_sdk_kinesis::config::Region::new("us-east-1"))
             .build();
         DeadLetters::new(
-            Client::from_conf(config),
+            Kinesis::from_client(aws_sdk_kinesis::Client::from_conf(config)),
             StreamName::new("dlq"),
             SubscriptionName::new("orders-audit"),
         )
@@ -417,37 +476,41 @@ mod tests {
     fn unlimited_by_default_retries_forever() {
         let p = policy(None, None, OnFailure::Block);
         assert_eq!(
-            after_failure(&p, 1_000_000, Some(Duration::from_secs(86_400))),
-            Next::Retry
+            said(p.after_failure(1_000_000, Some(Duration::from_secs(86_400)))),
+            "Retry"
         );
     }
 
     #[test]
     fn attempts_run_out_at_max() {
         let p = policy(Some(3), None, OnFailure::Skip);
-        assert_eq!(after_failure(&p, 1, None), Next::Retry);
-        assert_eq!(after_failure(&p, 2, None), Next::Retry);
-        assert_eq!(after_failure(&p, 3, None), Next::Skip);
-        let p = policy(Some(3), None, OnFailure::DeadLetter("dlq".into()));
-        assert_eq!(after_failure(&p, 3, None), Next::DeadLetter);
+        assert_eq!(said(p.after_failure(1, None)), "Retry");
+        assert_eq!(said(p.after_failure(2, None)), "Retry");
+        assert_eq!(said(p.after_failure(3, None)), "Skip");
+        let p = policy(Some(3), None, OnFailure::DeadLetter("dlq-7".into()));
+        assert_eq!(
+            said(p.after_failure(3, None)),
+            "dead_letter dlq-7",
+            "giving up carries the configured sink"
+        );
         let p = policy(Some(3), None, OnFailure::Block);
-        assert_eq!(after_failure(&p, 3, None), Next::Blocked);
+        assert_eq!(said(p.after_failure(3, None)), "Blocked");
     }
 
     #[test]
     fn age_runs_out_past_max() {
         let p = policy(None, Some(60), OnFailure::Skip);
         assert_eq!(
-            after_failure(&p, 1, Some(Duration::from_secs(59))),
-            Next::Retry
+            said(p.after_failure(1, Some(Duration::from_secs(59)))),
+            "Retry"
         );
         assert_eq!(
-            after_failure(&p, 1, Some(Duration::from_secs(61))),
-            Next::Skip
+            said(p.after_failure(1, Some(Duration::from_secs(61)))),
+            "Skip"
         );
         assert_eq!(
-            after_failure(&p, 1, None),
-            Next::Retry,
+            said(p.after_failure(1, None)),
+            "Retry",
             "unknown age never expires"
         );
     }
@@ -455,16 +518,16 @@ mod tests {
     #[test]
     fn rejects_never_block() {
         assert_eq!(
-            after_reject(&policy(None, None, OnFailure::Block)),
-            Next::Skip
+            said(policy(None, None, OnFailure::Block).after_reject()),
+            "Skip"
         );
         assert_eq!(
-            after_reject(&policy(None, None, OnFailure::Skip)),
-            Next::Skip
+            said(policy(None, None, OnFailure::Skip).after_reject()),
+            "Skip"
         );
         assert_eq!(
-            after_reject(&policy(None, None, OnFailure::DeadLetter("d".into()))),
-            Next::DeadLetter
+            said(policy(None, None, OnFailure::DeadLetter("d".into())).after_reject()),
+            "dead_letter d"
         );
     }
 }

@@ -34,7 +34,7 @@ pub const MAX_PLUGIN_BYTES: u64 = 256 * 1024 * 1024;
 
 /// The largest config file read. A config with a hundred subscriptions is
 /// tens of kilobytes; anything near a megabyte is not a config.
-pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 
 /// Why a file was not read. The message is the reason only: callers name
 /// the file.
@@ -78,7 +78,7 @@ impl From<ReadError> for std::io::Error {
 /// # Errors
 /// [`ReadError`]: the file cannot be opened or read, is not a regular file,
 /// or holds more than `max` bytes.
-pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
+pub(crate) fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
     // Checked before opening, so a device is never opened at all; checked
     // again on the descriptor below, which is what counts.
     regular(&std::fs::metadata(path)?)?;
@@ -98,7 +98,7 @@ pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
 /// # Errors
 /// [`ReadError::Symlink`] for a symlink, [`ReadError::NotRegular`] for
 /// anything but a regular file, [`ReadError::Io`] otherwise.
-pub fn open_no_follow(path: &Path) -> Result<(File, Metadata), ReadError> {
+pub(crate) fn open_no_follow(path: &Path) -> Result<(File, Metadata), ReadError> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -118,7 +118,7 @@ pub fn open_no_follow(path: &Path) -> Result<(File, Metadata), ReadError> {
 /// # Errors
 /// [`ReadError::TooLarge`] over the limit, [`ReadError::Io`] when a read
 /// fails.
-pub fn read_to_limit(file: File, meta: &Metadata, max: u64) -> Result<Vec<u8>, ReadError> {
+pub(crate) fn read_to_limit(file: File, meta: &Metadata, max: u64) -> Result<Vec<u8>, ReadError> {
     if meta.len() > max {
         return Err(ReadError::TooLarge { max });
     }
@@ -132,7 +132,7 @@ pub fn read_to_limit(file: File, meta: &Metadata, max: u64) -> Result<Vec<u8>, R
 }
 
 /// The effective user id of this process.
-pub fn euid() -> u32 {
+pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }

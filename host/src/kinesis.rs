@@ -1,22 +1,34 @@
-//! The Kinesis client and the calls the pipeline makes with it, each with a
-//! deadline.
+//! Kinesis: the clients and every Kinesis call the pipeline makes, each
+//! with a deadline and each error classified once, by type, into a
+//! [`KinesisError`].
 //!
-//! The client comes from the standard AWS config chain (credentials, region,
-//! `AWS_ENDPOINT_URL_KINESIS`), with the `[aws]` section's overrides on top.
-//! Every call has deadlines from `[aws]` ([`crate::config::AwsTimeouts`]: connecting,
-//! the first byte of an answer, one attempt, the whole call); the SDK's own
-//! retries cover brief failures, and callers add a jittered backoff on top
-//! (throttling is a normal event, not an error). The defaults survive
-//! seconds of added network latency: a fixed 2 s per attempt once made
-//! 2 s of latency a full outage.
+//! The clients come from the standard AWS config chain (credentials,
+//! region, `AWS_ENDPOINT_URL_KINESIS` / `AWS_ENDPOINT_URL_DYNAMODB`), with
+//! the `[aws]` section's overrides on top. Every call has deadlines from
+//! `[aws]` ([`crate::config::AwsTimeouts`]: connecting, the first byte of an
+//! answer, one attempt, the whole call); the SDK's own retries cover brief
+//! failures, and callers add a jittered backoff on top (throttling is a
+//! normal event, not an error). The defaults survive seconds of added
+//! network latency: a fixed 2 s per attempt once made 2 s of latency a full
+//! outage.
+//!
+//! The calls: [`Kinesis::describe_stream`] (start-up checks),
+//! [`Kinesis::list_shards`] (the lease keeper's shard sync),
+//! [`Kinesis::open_iterator`] and [`Kinesis::get_records`] (shard
+//! readers), [`Kinesis::put_record`] (dead letters). Callers that must stop
+//! mid-call drop the call's future (e.g. in a `select!` with their cancel
+//! token): cancellation is not an error.
 
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_kinesis::Client;
+use aws_sdk_kinesis::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::ShardIteratorType;
 
-use crate::config::AwsConfig;
-use crate::ids::{ShardId, StreamName};
+use crate::config::{AwsConfig, StartPosition};
+use crate::ids::{PartitionKey, SequenceNumber, ShardId, StreamName};
 
 async fn sdk_config(aws: &AwsConfig) -> aws_config::SdkConfig {
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
@@ -35,26 +47,98 @@ async fn sdk_config(aws: &AwsConfig) -> aws_config::SdkConfig {
     loader.load().await
 }
 
-/// Builds a Kinesis client from the environment and `[aws]`.
-pub async fn client(aws: &AwsConfig) -> Client {
-    let sdk = sdk_config(aws).await;
-    let mut config = aws_sdk_kinesis::config::Builder::from(&sdk);
-    if let Some(url) = &aws.endpoint_url {
-        config = config.endpoint_url(url);
-    }
-    Client::from_conf(config.build())
-}
-
-/// Builds a DynamoDB client (for the lease store) the same way:
-/// `AWS_ENDPOINT_URL_DYNAMODB` or `[aws] dynamodb_endpoint_url` point it at
-/// an emulator.
-pub async fn dynamodb_client(aws: &AwsConfig) -> aws_sdk_dynamodb::Client {
+/// Builds a DynamoDB client (for the lease store) the same way as the
+/// Kinesis one: `AWS_ENDPOINT_URL_DYNAMODB` or `[aws] dynamodb_endpoint_url`
+/// point it at an emulator.
+pub(crate) async fn dynamodb_client(aws: &AwsConfig) -> aws_sdk_dynamodb::Client {
     let sdk = sdk_config(aws).await;
     let mut config = aws_sdk_dynamodb::config::Builder::from(&sdk);
     if let Some(url) = &aws.dynamodb_endpoint_url {
         config = config.endpoint_url(url);
     }
     aws_sdk_dynamodb::Client::from_conf(config.build())
+}
+
+/// Why a Kinesis call failed, by the kind of failure the caller acts on.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum KinesisError {
+    /// Over the stream's or account's throughput (or KMS's): back off and
+    /// try again; a reader keeps its iterator.
+    #[error("throttled: {0}")]
+    Throttled(String),
+    /// The shard iterator is older than five minutes: open a new one.
+    #[error("shard iterator expired")]
+    ExpiredIterator,
+    /// The stream (or shard) does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// Kinesis refused what was sent (an invalid argument, a failed
+    /// validation such as a record over its size): the same request would
+    /// be refused again.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// Kinesis answered with something no caller can use (a malformed
+    /// sequence number): never seen in practice, and never skipped.
+    #[error("malformed answer: {0}")]
+    Malformed(String),
+    /// Anything else: the network, a timeout, a server error, access
+    /// denied. Worth retrying with backoff.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The classifications every operation shares, from its error type's
+/// generated predicates (`is_*_exception`); `validation` is Kinesis's
+/// unmodeled `ValidationException`, known only by its error code.
+fn classify<E, R>(e: SdkError<E, R>, kind: impl FnOnce(&E) -> Option<KinesisError>) -> KinesisError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug,
+{
+    let text = || DisplayErrorContext(&e).to_string();
+    match e.as_service_error() {
+        Some(service) => match kind(service) {
+            Some(kind) => kind,
+            None if service.code() == Some("ValidationException") => KinesisError::Refused(text()),
+            None => KinesisError::Failed(text()),
+        },
+        None => KinesisError::Failed(text()),
+    }
+}
+
+/// Where a reader opens a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// Right after this record (a checkpoint, or the last record handed
+    /// out).
+    After(SequenceNumber),
+    /// At a start position (a shard without checkpoint, or a child of a
+    /// split or merge at its beginning).
+    Start(StartPosition),
+}
+
+/// One record as GetRecords returned it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fetched {
+    /// The producer's partition key.
+    pub partition_key: PartitionKey,
+    /// Its sequence number within the shard.
+    pub sequence: SequenceNumber,
+    /// When Kinesis accepted it, in ms since the Unix epoch (0: unknown).
+    pub arrival_ms: u64,
+    /// The payload.
+    pub data: Vec<u8>,
+}
+
+/// One GetRecords answer.
+#[derive(Debug, Default)]
+pub(crate) struct Page {
+    /// The records, in shard order.
+    pub records: Vec<Fetched>,
+    /// Where to read next; `None` at the end of a closed shard.
+    pub next_iterator: Option<String>,
+    /// How far behind the shard's tip this read was.
+    pub millis_behind: Option<u64>,
 }
 
 /// A shard as ListShards describes it.
@@ -77,35 +161,250 @@ impl ShardInfo {
     }
 }
 
-/// Lists every shard of a stream, following pagination.
-///
-/// # Errors
-/// The SDK's error, when a page cannot be fetched.
-pub async fn list_shards(client: &Client, stream: &StreamName) -> anyhow::Result<Vec<ShardInfo>> {
-    let mut shards = Vec::new();
-    let mut next_token: Option<String> = None;
-    loop {
-        // A request with a token must not also name the stream.
-        let request = match next_token.take() {
-            Some(token) => client.list_shards().next_token(token),
-            None => client.list_shards().stream_name(stream.as_str()),
-        };
-        let page = request.send().await?;
-        for shard in page.shards() {
-            shards.push(ShardInfo {
-                id: ShardId::new(shard.shard_id()),
-                parent: shard.parent_shard_id().map(ShardId::new),
-                adjacent_parent: shard.adjacent_parent_shard_id().map(ShardId::new),
-                closed: shard
-                    .sequence_number_range()
-                    .and_then(|r| r.ending_sequence_number())
-                    .is_some(),
-            });
+/// The Kinesis client and its calls (module docs). Cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct Kinesis {
+    client: Client,
+}
+
+impl Kinesis {
+    /// A client from the environment and `[aws]`.
+    pub(crate) async fn connect(aws: &AwsConfig) -> Self {
+        let sdk = sdk_config(aws).await;
+        let mut config = aws_sdk_kinesis::config::Builder::from(&sdk);
+        if let Some(url) = &aws.endpoint_url {
+            config = config.endpoint_url(url);
         }
-        match page.next_token() {
-            Some(token) if !token.is_empty() => next_token = Some(token.to_owned()),
-            _ => break,
+        Self {
+            client: Client::from_conf(config.build()),
         }
     }
-    Ok(shards)
+
+    /// Around an SDK client made elsewhere (tests).
+    #[cfg(test)]
+    pub(crate) fn from_client(client: Client) -> Self {
+        Self { client }
+    }
+
+    /// Checks that `stream` exists (DescribeStreamSummary).
+    ///
+    /// # Errors
+    /// [`KinesisError::NotFound`] when it does not; another kind when
+    /// Kinesis cannot say.
+    pub(crate) async fn describe_stream(&self, stream: &StreamName) -> Result<(), KinesisError> {
+        self.client
+            .describe_stream_summary()
+            .stream_name(stream.as_str())
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| {
+                classify(e, |s| {
+                    if s.is_resource_not_found_exception() {
+                        Some(KinesisError::NotFound(stream.to_string()))
+                    } else if s.is_limit_exceeded_exception() {
+                        Some(KinesisError::Throttled(s.to_string()))
+                    } else if s.is_invalid_argument_exception() {
+                        Some(KinesisError::Refused(s.to_string()))
+                    } else {
+                        None
+                    }
+                })
+            })
+    }
+
+    /// Lists every shard of a stream, following pagination.
+    ///
+    /// # Errors
+    /// The [`KinesisError`] of the page that could not be fetched.
+    pub(crate) async fn list_shards(
+        &self,
+        stream: &StreamName,
+    ) -> Result<Vec<ShardInfo>, KinesisError> {
+        let mut shards = Vec::new();
+        let mut next_token: Option<String> = None;
+        loop {
+            // A request with a token must not also name the stream.
+            let request = match next_token.take() {
+                Some(token) => self.client.list_shards().next_token(token),
+                None => self.client.list_shards().stream_name(stream.as_str()),
+            };
+            let page = request.send().await.map_err(|e| {
+                classify(e, |s| {
+                    if s.is_resource_not_found_exception() {
+                        Some(KinesisError::NotFound(stream.to_string()))
+                    } else if s.is_limit_exceeded_exception() {
+                        Some(KinesisError::Throttled(s.to_string()))
+                    } else {
+                        None
+                    }
+                })
+            })?;
+            for shard in page.shards() {
+                shards.push(ShardInfo {
+                    id: ShardId::new(shard.shard_id()),
+                    parent: shard.parent_shard_id().map(ShardId::new),
+                    adjacent_parent: shard.adjacent_parent_shard_id().map(ShardId::new),
+                    closed: shard
+                        .sequence_number_range()
+                        .and_then(|r| r.ending_sequence_number())
+                        .is_some(),
+                });
+            }
+            match page.next_token() {
+                Some(token) if !token.is_empty() => next_token = Some(token.to_owned()),
+                _ => break,
+            }
+        }
+        Ok(shards)
+    }
+
+    /// Opens a shard iterator (GetShardIterator).
+    ///
+    /// # Errors
+    /// The call's [`KinesisError`].
+    pub(crate) async fn open_iterator(
+        &self,
+        stream: &StreamName,
+        shard: &ShardId,
+        from: &ReadFrom,
+    ) -> Result<String, KinesisError> {
+        let request = self
+            .client
+            .get_shard_iterator()
+            .stream_name(stream.as_str())
+            .shard_id(shard.as_str());
+        let request = match from {
+            ReadFrom::After(seq) => request
+                .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+                .starting_sequence_number(seq.as_str()),
+            ReadFrom::Start(StartPosition::Latest) => {
+                request.shard_iterator_type(ShardIteratorType::Latest)
+            }
+            ReadFrom::Start(StartPosition::TrimHorizon) => {
+                request.shard_iterator_type(ShardIteratorType::TrimHorizon)
+            }
+            ReadFrom::Start(StartPosition::AtTimestamp(at)) => request
+                .shard_iterator_type(ShardIteratorType::AtTimestamp)
+                .timestamp(aws_smithy_types::DateTime::from(*at)),
+        };
+        let output = request.send().await.map_err(|e| {
+            classify(e, |s| {
+                if s.is_provisioned_throughput_exceeded_exception() {
+                    Some(KinesisError::Throttled(s.to_string()))
+                } else if s.is_resource_not_found_exception() {
+                    Some(KinesisError::NotFound(shard.to_string()))
+                } else if s.is_invalid_argument_exception() {
+                    Some(KinesisError::Refused(s.to_string()))
+                } else {
+                    None
+                }
+            })
+        })?;
+        output
+            .shard_iterator
+            .ok_or_else(|| KinesisError::Malformed("GetShardIterator returned no iterator".into()))
+    }
+
+    /// Reads up to `limit` records at `iterator` (GetRecords). The payloads
+    /// are taken from the answer, not copied.
+    ///
+    /// # Errors
+    /// The call's [`KinesisError`]; [`KinesisError::Malformed`] for a
+    /// record whose sequence number is not one.
+    pub(crate) async fn get_records(
+        &self,
+        iterator: &str,
+        limit: i32,
+    ) -> Result<Page, KinesisError> {
+        let output = self
+            .client
+            .get_records()
+            .shard_iterator(iterator)
+            .limit(limit)
+            .send()
+            .await
+            .map_err(|e| {
+                classify(e, |s| {
+                    if s.is_expired_iterator_exception() {
+                        Some(KinesisError::ExpiredIterator)
+                    } else if s.is_provisioned_throughput_exceeded_exception()
+                        || s.is_kms_throttling_exception()
+                    {
+                        Some(KinesisError::Throttled(s.to_string()))
+                    } else if s.is_resource_not_found_exception() {
+                        Some(KinesisError::NotFound(s.to_string()))
+                    } else if s.is_invalid_argument_exception() {
+                        Some(KinesisError::Refused(s.to_string()))
+                    } else {
+                        None
+                    }
+                })
+            })?;
+        let records = output
+            .records
+            .into_iter()
+            .map(|r| {
+                Ok(Fetched {
+                    sequence: SequenceNumber::parse(&r.sequence_number).map_err(|e| {
+                        KinesisError::Malformed(format!(
+                            "sequence number {:?}: {e}",
+                            r.sequence_number
+                        ))
+                    })?,
+                    partition_key: PartitionKey::new(r.partition_key.unwrap_or_default()),
+                    arrival_ms: r
+                        .approximate_arrival_timestamp
+                        .and_then(|t| t.to_millis().ok())
+                        .and_then(|ms| u64::try_from(ms).ok())
+                        .unwrap_or(0),
+                    data: r.data.into_inner(),
+                })
+            })
+            .collect::<Result<_, KinesisError>>()?;
+        Ok(Page {
+            records,
+            next_iterator: output.next_shard_iterator,
+            millis_behind: output
+                .millis_behind_latest
+                .map(|ms| u64::try_from(ms).unwrap_or(0)),
+        })
+    }
+
+    /// Puts one record (PutRecord); returns its sequence number.
+    ///
+    /// # Errors
+    /// The call's [`KinesisError`]: [`KinesisError::Refused`] when the
+    /// record itself was refused (too large, invalid).
+    pub(crate) async fn put_record(
+        &self,
+        stream: &StreamName,
+        key: &PartitionKey,
+        data: Vec<u8>,
+    ) -> Result<String, KinesisError> {
+        let output = self
+            .client
+            .put_record()
+            .stream_name(stream.as_str())
+            .partition_key(key.as_str())
+            .data(Blob::new(data))
+            .send()
+            .await
+            .map_err(|e| {
+                classify(e, |s| {
+                    if s.is_provisioned_throughput_exceeded_exception()
+                        || s.is_kms_throttling_exception()
+                    {
+                        Some(KinesisError::Throttled(s.to_string()))
+                    } else if s.is_resource_not_found_exception() {
+                        Some(KinesisError::NotFound(stream.to_string()))
+                    } else if s.is_invalid_argument_exception() {
+                        Some(KinesisError::Refused(s.to_string()))
+                    } else {
+                        None
+                    }
+                })
+            })?;
+        Ok(output.sequence_number)
+    }
 }

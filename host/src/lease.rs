@@ -25,21 +25,72 @@
 //! [`dynamodb::DynamoDbLeaseStore`] (a table shared by a fleet). The
 //! [`planner`] decides which leases to take and which to ask for; the
 //! [`keeper`] task owns the leases a subscription holds: it discovers shards,
-//! takes leases, starts and stops readers, renews on its own timer and writes
-//! the checkpoints settlement asks for.
+//! takes leases, tells the reader pool which shards to read
+//! ([`Assignment`]), renews on its own timer and writes the checkpoints
+//! settlement asks for ([`CheckpointRequest`]).
 
 pub mod dynamodb;
 pub mod file;
-pub mod keeper;
+mod keeper;
 pub mod memory;
-pub mod planner;
+mod planner;
+
+pub use keeper::{ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, Keeper, ShardSource, StopReason};
 
 use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::ids::{OwnerId, ShardId, StreamName, SubscriptionName};
-use crate::settlement::Checkpoint;
+use crate::ids::{OwnerId, SequenceNumber, SessionId, ShardId, StreamName, SubscriptionName};
+
+/// Where a shard's processing stands in the lease store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checkpoint {
+    /// Every record up to and including this one has settled.
+    Sequence(SequenceNumber),
+    /// The shard is closed and every record in it has settled: its children
+    /// may start.
+    ShardEnd,
+}
+
+impl Checkpoint {
+    /// The stored form: the sequence number, or `SHARD_END` as KCL writes it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Checkpoint::Sequence(seq) => seq.as_str(),
+            Checkpoint::ShardEnd => "SHARD_END",
+        }
+    }
+
+    /// Parses the stored form.
+    ///
+    /// # Errors
+    /// When the string is neither `SHARD_END` nor a sequence number.
+    pub fn parse(value: &str) -> Result<Self, crate::ids::SequenceNumberError> {
+        if value == "SHARD_END" {
+            Ok(Checkpoint::ShardEnd)
+        } else {
+            SequenceNumber::parse(value).map(Checkpoint::Sequence)
+        }
+    }
+}
+
+/// A checkpoint for the lease keeper to write, as settlement asks for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointRequest {
+    /// The shard.
+    pub shard: ShardId,
+    /// The reader session whose records it covers: the keeper writes it
+    /// only for the same taking of the lease (a request of a session lost
+    /// meanwhile must not move a newer taking's checkpoint, nor release it).
+    pub session: SessionId,
+    /// The new checkpoint; `None` only for a drained shard of which no
+    /// record settled.
+    pub checkpoint: Option<Checkpoint>,
+    /// The shard's reader stopped and everything it handed out has settled:
+    /// this is its last checkpoint, and its lease may be released.
+    pub drained: bool,
+}
 
 /// Which lease: one per subscription, stream and shard.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -110,7 +161,7 @@ pub(crate) mod rules {
     use crate::ids::OwnerId;
 
     /// Taking the lease for `owner`, if it is still exactly as `seen`.
-    pub fn acquire(
+    pub(crate) fn acquire(
         current: Option<Lease>,
         key: &LeaseKey,
         owner: &OwnerId,
@@ -142,7 +193,7 @@ pub(crate) mod rules {
     /// A write by the holder (renew, checkpoint, release): allowed only
     /// while it is still the owner at the counter it last saw; bumps the
     /// counter.
-    pub fn update_held(
+    pub(crate) fn update_held(
         current: Option<Lease>,
         held: &HeldLease,
         update: impl FnOnce(&mut Lease),
@@ -162,7 +213,7 @@ pub(crate) mod rules {
 
     /// Marking an owned lease, unchanged since `seen`, with a hand-over
     /// request for `to`; the counter stays.
-    pub fn request_handoff(
+    pub(crate) fn request_handoff(
         current: Option<Lease>,
         seen: &Lease,
         to: &OwnerId,
@@ -184,7 +235,7 @@ pub(crate) mod rules {
     }
 
     /// Releasing: no owner, no pending request.
-    pub fn release(lease: &mut Lease) {
+    pub(crate) fn release(lease: &mut Lease) {
         lease.owner = None;
         lease.handoff = None;
     }

@@ -9,7 +9,7 @@
 //! `RUST_LOG` says otherwise.
 //!
 //! Handler calls and GetRecords calls run in spans with OpenTelemetry
-//! messaging fields ([`crate::dispatch::spans`]). In JSON, every line
+//! messaging fields ([`crate::telemetry::spans`]). In JSON, every line
 //! logged inside one lists them under `spans`; in text, where they would
 //! make every guest line several times longer, they are off unless
 //! `RUST_LOG` turns on their target (`shardlane::otel`).

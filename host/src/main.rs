@@ -86,9 +86,9 @@ fn check(path: PathBuf) -> anyhow::Result<()> {
 
 fn validate(config_path: PathBuf) -> anyhow::Result<()> {
     let config = Config::load(&config_path)?;
-    let (_, loaded) = shardlane::supervisor::load_plugins(&config)?;
+    let (_, loaded) = shardlane::load_plugins(&config)?;
     println!("{}: ok", config_path.display());
-    for shardlane::supervisor::LoadedSubscription {
+    for shardlane::LoadedSubscription {
         config: sub,
         plugin,
         canary,
@@ -101,7 +101,7 @@ fn validate(config_path: PathBuf) -> anyhow::Result<()> {
             sub.plugin.display(),
             plugin.world(),
             plugin.digest(),
-            shardlane::dispatch::mode_label(&sub)
+            sub.mode()
         );
         if let (Some(candidate), Some(canary)) = (canary, &sub.canary) {
             println!(
@@ -130,7 +130,7 @@ fn run(config_path: PathBuf, format: Format) -> anyhow::Result<()> {
         // Handlers first: a signal during start-up still means a clean
         // stop once start-up is done, not the default abrupt exit.
         let signals = Signals::install()?;
-        shardlane::supervisor::run(config, signals.shutdown()).await
+        shardlane::run(config, signals.shutdown()).await
     })
 }
 

@@ -38,7 +38,7 @@
 //! once, every time) the loop backs off from 10 ms to 1 s. Refused writes,
 //! connections over the cap and accept failures are each logged at most
 //! once per [`LOG_INTERVAL`], with the number left out, and request paths
-//! and names in those lines are cut to [`MAX_LOGGED`] bytes.
+//! and names in those lines are cut to [`MAX_LOGGED`](limits::MAX_LOGGED) bytes.
 
 mod limits;
 
@@ -59,32 +59,35 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-pub use limits::{
-    ACCEPT_BACKOFF_FIRST, ACCEPT_BACKOFF_MAX, BODY_READ_TIMEOUT, CONNECTION_LIFETIME,
-    HEADER_READ_TIMEOUT, IDLE_TIMEOUT, LOG_INTERVAL, MAX_CONNECTIONS, MAX_LOGGED,
-};
 use limits::{AcceptBackoff, LogGate, capped};
+use limits::{BODY_READ_TIMEOUT, CONNECTION_LIFETIME};
+pub use limits::{HEADER_READ_TIMEOUT, LOG_INTERVAL, MAX_CONNECTIONS};
 
-use crate::dispatch::routing::KeySlice;
-use crate::swap::{CanaryError, PluginSlot};
+use crate::ids::{OwnerId, SubscriptionName};
+use crate::lease::Checkpoint;
+use crate::swap::{CanaryError, KeySlice, PluginSlot};
 use crate::telemetry::Telemetry;
 
 /// Largest plugin accepted through the admin API (Python and JavaScript
 /// components are 10–20 MB).
-pub const MAX_PLUGIN_UPLOAD: usize = 64 << 20;
+pub(crate) const MAX_PLUGIN_UPLOAD: usize = 64 << 20;
 
 /// What the server serves.
-pub struct OpsState {
+pub(crate) struct OpsState {
     /// Metrics and status.
     pub telemetry: Arc<Telemetry>,
     /// Each subscription's plugin slot, by name.
-    pub slots: BTreeMap<String, Arc<PluginSlot>>,
+    pub slots: BTreeMap<SubscriptionName, Arc<PluginSlot>>,
     /// The admin bearer token; `None`: write endpoints are off.
     pub token: Option<String>,
 }
 
 /// Serves until `shutdown`, within the [limits](self#limits).
-pub async fn serve(listener: TcpListener, state: Arc<OpsState>, shutdown: CancellationToken) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    state: Arc<OpsState>,
+    shutdown: CancellationToken,
+) {
     // Shared by the connections; a std Mutex, held only for one `note`
     // and never across an `.await`.
     let refusals = Arc::new(Mutex::new(LogGate::every(LOG_INTERVAL)));
@@ -323,7 +326,7 @@ async fn admin(
     req: Request<Incoming>,
     action: Admin,
 ) -> Response<Full<Bytes>> {
-    let Some(slot) = state.slots.get(name) else {
+    let Some(slot) = state.slots.get(&SubscriptionName::from(name)) else {
         return text(
             StatusCode::NOT_FOUND,
             format!("no subscription named {:?}\n", capped(name)),
@@ -403,58 +406,37 @@ fn status_page(state: &OpsState) -> String {
         state.telemetry.ready()
     );
     for (name, status) in state.telemetry.subscriptions() {
-        let digest = status
-            .digest
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
         let _ = write!(
             html,
             "<section class=\"subscription\" data-name=\"{n}\"><h2>{n}</h2><p>plugin <code class=\"digest\">{}</code> · mode {}</p>",
-            escape(&digest),
-            escape(&status.mode),
-            n = escape(&name)
+            escape(&status.digest()),
+            escape(status.mode()),
+            n = escape(name.as_str())
         );
-        if let Some(canary) = status
-            .canary
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_deref()
-        {
+        if let Some(canary) = status.canary() {
             let _ = write!(
                 html,
                 "<p class=\"canary\">canary <code>{}</code></p>",
-                escape(canary)
+                escape(&canary)
             );
         }
         html.push_str("<table class=\"shards\"><tr><th>shard</th><th>owner</th><th>checkpoint</th><th>behind (ms)</th><th>state</th></tr>");
-        for (shard, s) in status
-            .shards
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for (shard, s) in status.shards() {
             let _ = write!(
                 html,
                 "<tr class=\"shard\" data-shard=\"{sh}\"><td>{sh}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                escape(&s.owner),
-                escape(&s.checkpoint),
+                escape(s.owner.as_ref().map_or("", OwnerId::as_str)),
+                escape(s.checkpoint.as_ref().map_or("", Checkpoint::as_str)),
                 s.behind_ms.map(|m| m.to_string()).unwrap_or_default(),
-                escape(&s.state),
-                sh = escape(shard)
+                s.state,
+                sh = escape(shard.as_str())
             );
         }
         html.push_str("</table><table class=\"lanes\"><tr><th>lane</th><th>calls</th></tr>");
-        for (lane, calls) in status
-            .lanes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for (lane, calls) in status.lanes() {
             let _ = write!(
                 html,
-                "<tr class=\"lane\"><td>{lane}</td><td>{}</td></tr>",
-                calls.get()
+                "<tr class=\"lane\"><td>{lane}</td><td>{calls}</td></tr>"
             );
         }
         html.push_str("</table></section>");

@@ -1,5 +1,6 @@
-//! The shard reader: one task per leased shard, from its checkpoint (or the
-//! configured start) into the subscription channel.
+//! The shard readers: one task per leased shard, from its checkpoint (or
+//! the configured start) into the subscription channel; the [`pool`] starts
+//! and stops them as the lease keeper assigns shards.
 //!
 //! Loop: GetRecords with the current iterator; tell settlement about the
 //! records (so the checkpoint cannot pass them), then send them one by one
@@ -16,23 +17,25 @@
 //! settlement, which checkpoints `SHARD_END` once everything before it
 //! settled.
 //!
-//! The lease keeper owns this task and cancels it when the lease is lost or
-//! the service stops. Every wait (`send`, sleep, AWS call) is cancellable,
-//! so a reader stops handing out records as soon as it is told to.
+//! The reader pool owns this task and cancels it when the keeper says stop
+//! (lease lost, handed over) or closes its assignments (shutdown). Every
+//! wait (`send`, sleep, AWS call) is cancellable, so a reader stops handing
+//! out records as soon as it is told to.
 //!
 //! Lease validity: the keeper also publishes until when the lease is surely
-//! still ours (see [`crate::lease::keeper`]). Past that deadline the reader
+//! still ours (see the lease keeper's "Validity"), on a channel that closes when
+//! the lease is lost. Past that deadline the reader
 //! opens no iterator and puts nothing into the channel, not even a record a
 //! pending `send` was about to deliver: it waits for a renewal or for the
 //! keeper to stop it. An instance that was paused therefore cannot act on
 //! a lease that changed hands meanwhile, whichever of its tasks runs first
 //! when it resumes.
 
+pub(crate) mod pool;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_kinesis::Client;
-use aws_sdk_kinesis::types::ShardIteratorType;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -40,11 +43,11 @@ use tracing::Instrument;
 
 use crate::backoff::Backoff;
 use crate::channel::{Delivery, DeliverySender, Record};
-use crate::config::{StartPosition, SubscriptionConfig};
-use crate::dispatch::spans;
-use crate::ids::{PartitionKey, SequenceNumber, ShardId};
-use crate::settlement::{Checkpoint, SessionId, SettlementMsg, SettlementSender, Ticket};
-use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry};
+use crate::config::SubscriptionConfig;
+use crate::ids::{SessionId, ShardId};
+use crate::kinesis::{Fetched, Kinesis, KinesisError, ReadFrom};
+use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
+use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry, spans};
 
 /// First wait after a throttled or failed call.
 const ERROR_BACKOFF_INITIAL: Duration = Duration::from_millis(200);
@@ -53,9 +56,9 @@ const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// What every reader of a subscription shares.
 #[derive(Clone)]
-pub struct ReaderContext {
+pub(crate) struct ReaderContext {
     /// Kinesis.
-    pub client: Client,
+    pub kinesis: Kinesis,
     /// The subscription.
     pub subscription: Arc<SubscriptionConfig>,
     /// The subscription channel.
@@ -70,60 +73,73 @@ pub struct ReaderContext {
 
 /// How a reader ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReaderExit {
+pub(crate) enum ReaderExit {
     /// Told to stop (lease lost or shutdown).
     Cancelled,
     /// Read a closed shard to its end.
     ShardEnd,
 }
 
-/// Where to open a shard.
-#[derive(Debug, Clone)]
-enum Position {
-    After(SequenceNumber),
-    Start(StartPosition),
+/// A reader's state between reads: the iterator, the backoff, and its
+/// metric handles (registered once).
+struct Reading {
+    iterator: Option<String>,
+    backoff: Backoff,
+    behind: Gauge,
+    throttles: crate::telemetry::Counter,
+    throttle_log: crate::logging::LogGate,
+}
+
+impl Reading {
+    fn new(ctx: &ReaderContext, shard: &ShardId) -> Self {
+        let sub = ctx.subscription.name.as_str();
+        Self {
+            iterator: None,
+            backoff: Backoff::new(ERROR_BACKOFF_INITIAL, ERROR_BACKOFF_MAX),
+            behind: ctx.telemetry.gauge(
+                "shardlane_millis_behind_latest",
+                "How far behind the shard's tip the last GetRecords was, in milliseconds.",
+                &[("subscription", sub), ("shard_id", shard.as_str())],
+            ),
+            throttles: crate::throttle::counter(&ctx.telemetry, sub, "kinesis", shard.as_str()),
+            throttle_log: crate::logging::LogGate::every(crate::throttle::LOG_INTERVAL),
+        }
+    }
 }
 
 /// One shard reader (see the module docs).
-pub struct ShardReader {
+pub(crate) struct ShardReader {
     ctx: ReaderContext,
     shard: ShardId,
     session: SessionId,
     next_offset: u64,
-    /// The last record handed to the channel: an expired iterator reopens
-    /// after it.
-    position: Position,
+    /// Where to (re)open the shard: after the last record handed to the
+    /// channel, once there is one (an expired iterator reopens there).
+    position: ReadFrom,
     cancel: CancellationToken,
     /// Until when the lease is surely ours (module docs).
     valid_until: watch::Receiver<Instant>,
 }
 
 impl ShardReader {
-    /// A reader for `shard` in reader session `session`, starting after
-    /// `checkpoint`, or else at `start` (the subscription's start position,
-    /// or the shard's beginning for a child of a split or merge), acting on
-    /// the lease only while `valid_until` lies ahead.
-    pub fn new(
+    /// A reader for `shard` in reader session `session`, opening it
+    /// `from` (after its checkpoint, or at the subscription's start
+    /// position, or at the beginning of a child of a split or merge),
+    /// acting on the lease only while `valid_until` lies ahead.
+    pub(crate) fn new(
         ctx: ReaderContext,
         shard: ShardId,
         session: SessionId,
-        checkpoint: Option<Checkpoint>,
-        start: StartPosition,
+        from: ReadFrom,
         cancel: CancellationToken,
         valid_until: watch::Receiver<Instant>,
     ) -> Self {
-        let position = match checkpoint {
-            Some(Checkpoint::Sequence(seq)) => Position::After(seq),
-            // The keeper never starts a reader on an ended shard; if it did,
-            // the shard's first GetRecords reports its end again.
-            Some(Checkpoint::ShardEnd) | None => Position::Start(start),
-        };
         Self {
             ctx,
             shard,
             session,
             next_offset: 0,
-            position,
+            position: from,
             cancel,
             valid_until,
         }
@@ -132,19 +148,11 @@ impl ShardReader {
     /// Runs until cancelled or the shard ends. A cancelled reader tells
     /// settlement how far it got, so the shard's final checkpoint follows
     /// once what it handed out has settled.
-    pub async fn run(mut self) -> ReaderExit {
+    pub(crate) async fn run(mut self) -> ReaderExit {
+        let exit = self.read().await;
         self.ctx
             .status
-            .shard(self.shard.as_str(), |s| s.state = "opening".into());
-        let exit = self.read().await;
-        let state = match exit {
-            ReaderExit::Cancelled => "stopped",
-            ReaderExit::ShardEnd => "ended",
-        };
-        self.ctx.status.shard(self.shard.as_str(), |s| {
-            s.state = state.into();
-            s.behind_ms = None;
-        });
+            .reader_stopped(&self.shard, exit == ReaderExit::ShardEnd);
         self.ctx.telemetry.forget_series(
             "shardlane_millis_behind_latest",
             &[
@@ -173,189 +181,164 @@ impl ShardReader {
         if !self.send_settlement(open).await {
             return ReaderExit::Cancelled;
         }
-        let mut backoff = Backoff::new(ERROR_BACKOFF_INITIAL, ERROR_BACKOFF_MAX);
-        let mut iterator: Option<String> = None;
-        let behind_gauge: Gauge = self.ctx.telemetry.gauge(
-            "shardlane_millis_behind_latest",
-            "How far behind the shard's tip the last GetRecords was, in milliseconds.",
-            &[
-                ("subscription", self.ctx.subscription.name.as_str()),
-                ("shard_id", self.shard.as_str()),
-            ],
-        );
-        let throttles = crate::throttle::counter(
-            &self.ctx.telemetry,
-            self.ctx.subscription.name.as_str(),
-            "kinesis",
-            self.shard.as_str(),
-        );
-        let mut throttle_log = crate::logging::LogGate::every(crate::throttle::LOG_INTERVAL);
+        let mut reading = Reading::new(&self.ctx, &self.shard);
         loop {
             if self.lease_valid().await.is_none() {
                 return ReaderExit::Cancelled;
             }
-            let current = match iterator.take() {
-                Some(it) => it,
-                None => match self.open_iterator().await {
-                    Ok(it) => {
-                        // The call may have spanned a pause.
-                        if self.lease_valid().await.is_none() {
-                            return ReaderExit::Cancelled;
-                        }
-                        backoff.reset();
-                        tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, position = ?self.position, "shard iterator opened");
-                        self.ctx
-                            .status
-                            .shard(self.shard.as_str(), |s| s.state = "reading".into());
-                        it
-                    }
-                    Err(e) => {
-                        tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %e, "cannot open shard iterator; retrying");
-                        if !self.sleep(backoff.next_wait()).await {
-                            return ReaderExit::Cancelled;
-                        }
-                        continue;
-                    }
-                },
+            let step = match reading.iterator.take() {
+                Some(current) => self.read_once(&mut reading, current).await,
+                None => self.reopen(&mut reading).await,
             };
-            let span = spans::receive(&self.ctx.subscription, self.shard.as_str());
-            let response = tokio::select! {
-                _ = self.cancel.cancelled() => return ReaderExit::Cancelled,
-                r = self.ctx.client.get_records().shard_iterator(&current).limit(self.ctx.subscription.read_limit).send().instrument(span.clone()) => r,
-            };
-            if let Ok(output) = &response {
-                span.record("messaging.batch.message_count", output.records().len());
-            }
-            match response {
-                Ok(output) => {
-                    backoff.reset();
-                    if let Some(behind) = output.millis_behind_latest() {
-                        let behind = u64::try_from(behind).unwrap_or(0);
-                        behind_gauge.set(behind);
-                        self.ctx
-                            .status
-                            .shard(self.shard.as_str(), |s| s.behind_ms = Some(behind));
-                    }
-                    let records = output.records();
-                    let count = records.len();
-                    if count > 0 && !self.hand_out(records).await {
-                        return ReaderExit::Cancelled;
-                    }
-                    match output.next_shard_iterator() {
-                        Some(next) => iterator = Some(next.to_owned()),
-                        None => {
-                            tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "shard read to its end");
-                            let end = SettlementMsg::End {
-                                shard: self.shard.clone(),
-                                session: self.session,
-                            };
-                            return if self.send_settlement(end).await {
-                                ReaderExit::ShardEnd
-                            } else {
-                                ReaderExit::Cancelled
-                            };
-                        }
-                    }
-                    if count == 0 && !self.sleep(self.ctx.subscription.poll_idle).await {
-                        return ReaderExit::Cancelled;
-                    }
-                }
-                Err(e) => {
-                    let service = e.as_service_error();
-                    if service.is_some_and(|s| s.is_expired_iterator_exception()) {
-                        tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "shard iterator expired; reopening after the last record read");
-                        continue;
-                    }
-                    // Keep the iterator: it stays valid for five minutes.
-                    iterator = Some(current);
-                    let wait = backoff.next_wait();
-                    if service.is_some_and(|s| {
-                        s.is_provisioned_throughput_exceeded_exception()
-                            || s.is_kms_throttling_exception()
-                    }) {
-                        throttles.inc();
-                        if let Some(suppressed) = throttle_log.note(std::time::Instant::now()) {
-                            tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, suppressed, ?wait, "read throttled; backing off (logged at most once every 10 s; suppressed: since the last line)");
-                        }
-                    } else {
-                        tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %aws_sdk_kinesis::error::DisplayErrorContext(&e), ?wait, "GetRecords failed; retrying");
-                    }
-                    if !self.sleep(wait).await {
-                        return ReaderExit::Cancelled;
-                    }
-                }
+            if let Err(exit) = step {
+                return exit;
             }
         }
     }
 
-    async fn open_iterator(&self) -> anyhow::Result<String> {
-        let request = self
+    /// Opens an iterator at the reader's position into `reading`, or backs
+    /// off after a failure.
+    async fn reopen(&mut self, reading: &mut Reading) -> Result<(), ReaderExit> {
+        match self.open_iterator().await {
+            None => Err(ReaderExit::Cancelled),
+            Some(Ok(it)) => {
+                // The call may have spanned a pause.
+                if self.lease_valid().await.is_none() {
+                    return Err(ReaderExit::Cancelled);
+                }
+                reading.backoff.reset();
+                tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, position = ?self.position, "shard iterator opened");
+                self.ctx.status.reader_positioned(&self.shard);
+                reading.iterator = Some(it);
+                Ok(())
+            }
+            Some(Err(e)) => {
+                tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %e, "cannot open shard iterator; retrying");
+                self.sleep(reading.backoff.next_wait()).await
+            }
+        }
+    }
+
+    /// One GetRecords at `current`: hands out what it returned and keeps
+    /// the next iterator, or handles the failure.
+    async fn read_once(
+        &mut self,
+        reading: &mut Reading,
+        current: String,
+    ) -> Result<(), ReaderExit> {
+        let span = spans::receive(&self.ctx.subscription, self.shard.as_str());
+        let read = self
             .ctx
-            .client
-            .get_shard_iterator()
-            .stream_name(self.ctx.subscription.stream.as_str())
-            .shard_id(self.shard.as_str());
-        let request = match &self.position {
-            Position::After(seq) => request
-                .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
-                .starting_sequence_number(seq.as_str()),
-            Position::Start(StartPosition::Latest) => {
-                request.shard_iterator_type(ShardIteratorType::Latest)
-            }
-            Position::Start(StartPosition::TrimHorizon) => {
-                request.shard_iterator_type(ShardIteratorType::TrimHorizon)
-            }
-            Position::Start(StartPosition::AtTimestamp(at)) => request
-                .shard_iterator_type(ShardIteratorType::AtTimestamp)
-                .timestamp(aws_smithy_types::DateTime::from(*at)),
+            .kinesis
+            .get_records(&current, self.ctx.subscription.read_limit)
+            .instrument(span.clone());
+        let page = tokio::select! {
+            _ = self.cancel.cancelled() => return Err(ReaderExit::Cancelled),
+            r = read => r,
         };
-        let output = tokio::select! {
-            _ = self.cancel.cancelled() => anyhow::bail!("cancelled"),
-            r = request.send() => r.map_err(|e| anyhow::anyhow!("{}", aws_sdk_kinesis::error::DisplayErrorContext(&e)))?,
+        let page = match page {
+            Ok(page) => page,
+            Err(e) => return self.read_failed(reading, current, e).await,
         };
-        output
-            .shard_iterator()
-            .map(str::to_owned)
-            .ok_or_else(|| anyhow::anyhow!("GetShardIterator returned no iterator"))
+        span.record("messaging.batch.message_count", page.records.len());
+        reading.backoff.reset();
+        if let Some(behind) = page.millis_behind {
+            reading.behind.set(behind);
+            self.ctx.status.lag(&self.shard, behind);
+        }
+        let count = page.records.len();
+        if count > 0 && !self.hand_out(page.records).await {
+            return Err(ReaderExit::Cancelled);
+        }
+        let Some(next) = page.next_iterator else {
+            tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "shard read to its end");
+            let end = SettlementMsg::End {
+                shard: self.shard.clone(),
+                session: self.session,
+            };
+            return Err(if self.send_settlement(end).await {
+                ReaderExit::ShardEnd
+            } else {
+                ReaderExit::Cancelled
+            });
+        };
+        reading.iterator = Some(next);
+        if count == 0 {
+            return self.sleep(self.ctx.subscription.poll_idle).await;
+        }
+        Ok(())
+    }
+
+    /// After a failed GetRecords at `current`: reopen (expired), stop
+    /// (malformed), or back off keeping the iterator (throttled, failed).
+    async fn read_failed(
+        &mut self,
+        reading: &mut Reading,
+        current: String,
+        error: KinesisError,
+    ) -> Result<(), ReaderExit> {
+        match error {
+            KinesisError::ExpiredIterator => {
+                tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "shard iterator expired; reopening after the last record read");
+                Ok(())
+            }
+            KinesisError::Malformed(e) => {
+                // Kinesis never sends one; skipping it would lose data
+                // silently, so stop this session loudly instead.
+                tracing::error!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %e, "bad sequence number from Kinesis; reader stops");
+                Err(ReaderExit::Cancelled)
+            }
+            e => {
+                // Keep the iterator: it stays valid for five minutes.
+                reading.iterator = Some(current);
+                let wait = reading.backoff.next_wait();
+                if let KinesisError::Throttled(_) = e {
+                    reading.throttles.inc();
+                    if let Some(suppressed) = reading.throttle_log.note(std::time::Instant::now()) {
+                        tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, suppressed, ?wait, "read throttled; backing off (logged at most once every 10 s; suppressed: since the last line)");
+                    }
+                } else {
+                    tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %e, ?wait, "GetRecords failed; retrying");
+                }
+                self.sleep(wait).await
+            }
+        }
+    }
+
+    /// Opens a shard iterator at the reader's position; `None` when
+    /// cancelled meanwhile.
+    async fn open_iterator(&self) -> Option<Result<String, KinesisError>> {
+        let open = self.ctx.kinesis.open_iterator(
+            &self.ctx.subscription.stream,
+            &self.shard,
+            &self.position,
+        );
+        tokio::select! {
+            _ = self.cancel.cancelled() => None,
+            r = open => Some(r),
+        }
     }
 
     /// Tracks the records with settlement, then sends them into the
     /// channel. False when cancelled on the way.
-    async fn hand_out(&mut self, records: &[aws_sdk_kinesis::types::Record]) -> bool {
-        let mut parsed = Vec::with_capacity(records.len());
-        for r in records {
-            let sequence = match SequenceNumber::parse(r.sequence_number()) {
-                Ok(seq) => seq,
-                Err(e) => {
-                    // Kinesis never sends one; skipping it would lose data
-                    // silently, so stop this session loudly instead.
-                    tracing::error!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %e, "bad sequence number from Kinesis; reader stops");
-                    self.cancel.cancel();
-                    return false;
-                }
-            };
-            parsed.push(Arc::new(Record {
-                stream: self.ctx.subscription.stream.clone(),
-                shard: self.shard.clone(),
-                partition_key: PartitionKey::new(r.partition_key().unwrap_or_default()),
-                sequence,
-                arrival_ms: r
-                    .approximate_arrival_timestamp()
-                    .and_then(|t| t.to_millis().ok())
-                    .and_then(|ms| u64::try_from(ms).ok())
-                    .unwrap_or(0),
-                data: r.data().as_ref().to_vec(),
-            }));
-        }
+    async fn hand_out(&mut self, records: Vec<Fetched>) -> bool {
         let track = SettlementMsg::Track {
             shard: self.shard.clone(),
             session: self.session,
-            sequences: parsed.iter().map(|r| r.sequence.clone()).collect(),
+            sequences: records.iter().map(|r| r.sequence.clone()).collect(),
         };
         if !self.send_settlement(track).await {
             return false;
         }
-        for record in parsed {
+        for fetched in records {
+            let record = Arc::new(Record {
+                stream: self.ctx.subscription.stream.clone(),
+                shard: self.shard.clone(),
+                partition_key: fetched.partition_key,
+                sequence: fetched.sequence,
+                arrival_ms: fetched.arrival_ms,
+                data: fetched.data,
+            });
             let ticket = Ticket {
                 shard: self.shard.clone(),
                 session: self.session,
@@ -366,7 +349,7 @@ impl ShardReader {
             if !self.deliver(Delivery { record, ticket }).await {
                 return false;
             }
-            self.position = Position::After(sequence);
+            self.position = ReadFrom::After(sequence);
         }
         true
     }
@@ -434,11 +417,11 @@ impl ShardReader {
         }
     }
 
-    /// Sleeps; false when cancelled meanwhile.
-    async fn sleep(&self, wait: Duration) -> bool {
+    /// Sleeps; the reader ends when cancelled meanwhile.
+    async fn sleep(&self, wait: Duration) -> Result<(), ReaderExit> {
         tokio::select! {
-            _ = self.cancel.cancelled() => false,
-            _ = tokio::time::sleep(wait) => true,
+            _ = self.cancel.cancelled() => Err(ReaderExit::Cancelled),
+            _ = tokio::time::sleep(wait) => Ok(()),
         }
     }
 }

@@ -20,7 +20,7 @@
 //! still in flight when a lease was lost) are ignored: the new session
 //! re-reads those records from the checkpoint.
 
-pub mod watermark;
+pub(crate) mod watermark;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -28,15 +28,13 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::ids::{SequenceNumber, ShardId, SubscriptionName};
-pub use watermark::{Checkpoint, Offset, Settled, Watermark};
+use crate::ids::{SequenceNumber, SessionId, ShardId, SubscriptionName};
+use crate::lease::{Checkpoint, CheckpointRequest};
+pub(crate) use watermark::{Offset, Settled, Watermark};
 
 /// Messages queued to the settlement task before it falls behind: it does
 /// O(1) work per message, so this only absorbs bursts.
 pub const SETTLEMENT_QUEUE: usize = 1024;
-
-/// Identifies one reader session of a shard.
-pub type SessionId = u64;
 
 /// Where one delivered record settles.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,25 +91,8 @@ pub enum SettlementMsg {
     SettleMany(Vec<Ticket>),
 }
 
-/// A checkpoint for the lease keeper to write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckpointRequest {
-    /// The shard.
-    pub shard: ShardId,
-    /// The reader session whose records it covers: the keeper writes it
-    /// only for the same taking of the lease (a request of a session lost
-    /// meanwhile must not move a newer taking's checkpoint, nor release it).
-    pub session: SessionId,
-    /// The new checkpoint; `None` only for a drained shard of which no
-    /// record settled.
-    pub checkpoint: Option<Checkpoint>,
-    /// The shard's reader stopped and everything it handed out has settled:
-    /// this is its last checkpoint, and its lease may be released.
-    pub drained: bool,
-}
-
 /// Sends to a settlement task.
-pub type SettlementSender = mpsc::Sender<SettlementMsg>;
+pub(crate) type SettlementSender = mpsc::Sender<SettlementMsg>;
 
 struct ShardState {
     session: SessionId,
@@ -385,13 +366,13 @@ mod tests {
         let shard = ShardId::from("shard-0");
         tx.send(SettlementMsg::Open {
             shard: shard.clone(),
-            session: 1,
+            session: SessionId(1),
         })
         .await
         .unwrap();
         tx.send(SettlementMsg::Track {
             shard: shard.clone(),
-            session: 1,
+            session: SessionId(1),
             sequences: (0..3).map(seq).collect(),
         })
         .await
@@ -399,7 +380,7 @@ mod tests {
         let ticket = |offset| {
             SettlementMsg::Settle(Ticket {
                 shard: shard.clone(),
-                session: 1,
+                session: SessionId(1),
                 offset,
             })
         };
@@ -410,7 +391,7 @@ mod tests {
         // A stale session's ticket is ignored.
         tx.send(SettlementMsg::Settle(Ticket {
             shard: shard.clone(),
-            session: 0,
+            session: SessionId(0),
             offset: 2,
         }))
         .await
@@ -432,26 +413,26 @@ mod tests {
         let shard = ShardId::from("shard-0");
         tx.send(SettlementMsg::Open {
             shard: shard.clone(),
-            session: 1,
+            session: SessionId(1),
         })
         .await
         .unwrap();
         tx.send(SettlementMsg::Track {
             shard: shard.clone(),
-            session: 1,
+            session: SessionId(1),
             sequences: vec![seq(0)],
         })
         .await
         .unwrap();
         tx.send(SettlementMsg::End {
             shard: shard.clone(),
-            session: 1,
+            session: SessionId(1),
         })
         .await
         .unwrap();
         tx.send(SettlementMsg::Settle(Ticket {
             shard: shard.clone(),
-            session: 1,
+            session: SessionId(1),
             offset: 0,
         }))
         .await
@@ -474,13 +455,13 @@ mod tests {
         let shard = ShardId::from("shard-0");
         tx.send(SettlementMsg::Open {
             shard: shard.clone(),
-            session: 1,
+            session: SessionId(1),
         })
         .await
         .unwrap();
         tx.send(SettlementMsg::Track {
             shard: shard.clone(),
-            session: 1,
+            session: SessionId(1),
             sequences: (0..5).map(seq).collect(),
         })
         .await
@@ -488,7 +469,7 @@ mod tests {
         // Offsets 0..3 reached the channel; 3 and 4 never will.
         tx.send(SettlementMsg::Close {
             shard: shard.clone(),
-            session: 1,
+            session: SessionId(1),
             delivered: 3,
         })
         .await
@@ -496,7 +477,7 @@ mod tests {
         for offset in [2, 0, 1] {
             tx.send(SettlementMsg::Settle(Ticket {
                 shard: shard.clone(),
-                session: 1,
+                session: SessionId(1),
                 offset,
             }))
             .await
@@ -518,7 +499,7 @@ mod tests {
             got,
             CheckpointRequest {
                 shard,
-                session: 1,
+                session: SessionId(1),
                 checkpoint: Some(Checkpoint::Sequence(seq(2))),
                 drained: true
             }

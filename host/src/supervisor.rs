@@ -1,61 +1,41 @@
-//! The supervisor: builds every subscription's pipeline, owns every task, and
-//! runs the ordered shutdown.
-//!
-//! Per subscription it wires, each stage a task talking through bounded
-//! channels:
-//!
-//! ```text
-//! lease keeper ──starts/stops──▶ shard readers ──▶ channel (64) ──▶ dispatch ──▶ plugin
-//!      ▲                              │ track                          │ settle
-//!      └──── checkpoint requests ── settlement ◀───────────────────────┘
-//! ```
+//! The supervisor: starts every subscription's [`Pipeline`] and the
+//! operations server, and shuts them down in order.
 //!
 //! Start-up validates everything before any record is read: every plugin is
-//! compiled, checked for its world and linked; each stream must exist. A
-//! failure there returns one error naming the subscription and the reason.
+//! compiled, checked for its world and linked; each stream (and dead-letter
+//! stream) must exist; the lease store must open. A failure there returns
+//! one error naming the subscription and the reason.
 //!
-//! Shutdown order, once the injected `shutdown` future completes:
-//! 1. stop taking leases, and stop every reader (the keeper cancels and
-//!    joins them);
-//! 2. the channel closes once the readers' senders are gone;
-//! 3. dispatch drains what is in the channel, bounded by `shutdown_timeout`
-//!    (past it, dispatch stops and unhandled records stay unsettled);
-//! 4. settlement requests each shard's final checkpoint and ends;
-//! 5. the keeper writes those checkpoints and releases every lease, so
-//!    another instance can take over at once.
+//! Once the injected `shutdown` future completes, every pipeline shuts down
+//! in its own order (see [`crate::pipeline`]: stop taking leases → readers
+//! stop → the channel closes → dispatch drains, within `shutdown_timeout` →
+//! final checkpoints → leases released), side by side; then the operations
+//! server stops. It answers `/healthz` until the end.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::channel;
 use crate::config::{Config, LeaseBackend, OnFailure, SubscriptionConfig, defaults};
-use crate::dispatch::Dispatcher;
-use crate::dispatch::mode_label;
-use crate::failure::DeadLetters;
-use crate::ids::OwnerId;
-use crate::ids::StreamName;
-use crate::kinesis;
+use crate::ids::{OwnerId, StreamName};
+use crate::kinesis::{self, Kinesis, KinesisError};
 use crate::lease::LeaseStore;
 use crate::lease::dynamodb::DynamoDbLeaseStore;
 use crate::lease::file::FileLeaseStore;
-use crate::lease::keeper::{CHECKPOINT_QUEUE, Keeper};
 use crate::lease::memory::MemoryLeaseStore;
 use crate::ops::{self, OpsState};
+use crate::pipeline::{Parts, Pipeline};
 use crate::plugin::{CompileCache, Plugin, PluginHost, World};
-use crate::reader::ReaderContext;
-use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
 use crate::swap::PluginSlot;
 use crate::telemetry::Telemetry;
 
 /// A unique owner id for this process: hostname, pid and a random suffix
 /// (pids repeat across restarts and containers).
-pub fn default_owner_id() -> OwnerId {
+pub(crate) fn default_owner_id() -> OwnerId {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_owned())
@@ -64,17 +44,6 @@ pub fn default_owner_id() -> OwnerId {
         .unwrap_or_else(|| "host".to_owned());
     let suffix: u32 = rand::random();
     OwnerId::new(format!("{host}-{}-{suffix:08x}", std::process::id()))
-}
-
-struct Running {
-    name: String,
-    keeper_stop: CancellationToken,
-    hard_stop: CancellationToken,
-    shutdown_timeout: std::time::Duration,
-    keeper: JoinHandle<()>,
-    dispatcher: JoinHandle<()>,
-    settlement: JoinHandle<()>,
-    watcher: JoinHandle<()>,
 }
 
 /// A subscription's config with its compiled, checked plugin.
@@ -182,39 +151,23 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSu
 ///
 /// # Errors
 /// When start-up fails: a plugin that cannot be used, a stream that does not
-/// exist, a subscription whose plugin world does not fit its config, an
-/// admin address that cannot be bound.
+/// exist, a subscription whose plugin world does not fit its config, a lease
+/// store that cannot be opened, an admin address that cannot be bound.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let (plugins, loaded) = load_plugins(&config)?;
-    let client = kinesis::client(&config.aws).await;
+    let kinesis = Kinesis::connect(&config.aws).await;
     for (i, sub) in loaded.iter().map(|l| &l.config).enumerate() {
         let context = || format!("subscription[{i}] ({})", sub.name);
-        check_stream(&client, &sub.stream, "stream")
+        check_stream(&kinesis, &sub.stream, "stream")
             .await
             .with_context(context)?;
         if let OnFailure::DeadLetter(dlq) = &sub.failure.on_failure {
-            check_stream(&client, dlq, "dead_letter_stream")
+            check_stream(&kinesis, dlq, "dead_letter_stream")
                 .await
                 .with_context(context)?;
         }
     }
-
-    let store: Arc<dyn LeaseStore> = match &config.lease.store {
-        LeaseBackend::Memory => Arc::new(MemoryLeaseStore::new()),
-        LeaseBackend::File { path } => Arc::new(FileLeaseStore::open(path)?),
-        LeaseBackend::DynamoDb {
-            table,
-            create_table,
-        } => Arc::new(
-            DynamoDbLeaseStore::open(
-                kinesis::dynamodb_client(&config.aws).await,
-                table,
-                *create_table,
-            )
-            .await?,
-        ),
-    };
-    tracing::info!(store = ?config.lease.store, "lease store open");
+    let store = open_store(&config).await?;
     let owner = config
         .lease
         .owner_id
@@ -224,84 +177,39 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     tracing::info!(owner = %owner, subscriptions = loaded.len(), "shardlane running");
 
     let telemetry = Telemetry::new();
-    let ops_stop = CancellationToken::new();
     let mut slots = BTreeMap::new();
-    let mut running = Vec::new();
+    let mut pipelines = Vec::new();
     for LoadedSubscription {
         config: sub,
         plugin,
         canary,
     } in loaded
     {
-        let (deliveries_tx, deliveries_rx) = channel::channel();
-        let (settle_tx, settle_rx) = mpsc::channel(SETTLEMENT_QUEUE);
-        let (checkpoint_tx, checkpoint_rx) = mpsc::channel(CHECKPOINT_QUEUE);
-        let keeper_stop = CancellationToken::new();
-        let hard_stop = CancellationToken::new();
-        let status = telemetry.subscription(sub.name.as_str(), mode_label(&sub));
-
-        let settlement = Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx)
-            .with_telemetry(&telemetry);
-        let dead_letters = match &sub.failure.on_failure {
-            OnFailure::DeadLetter(stream) => Some(DeadLetters::new(
-                client.clone(),
-                stream.clone(),
-                sub.name.clone(),
-            )),
-            _ => None,
-        };
+        let status = telemetry.subscription(&sub.name, sub.mode());
         let mut slot = PluginSlot::new(
             plugins.clone(),
             plugin,
             sub.handler_timeout,
             sub.sandbox.clone(),
-            status.clone(),
+            status,
             telemetry.clone(),
         );
         if let (Some(candidate), Some(canary)) = (canary, &sub.canary) {
             slot = slot.with_canary(candidate, canary.slice);
         }
         let slot = Arc::new(slot);
-        slots.insert(sub.name.to_string(), slot.clone());
-        let fill = telemetry.gauge(
-            "shardlane_channel_fill",
-            "Deliveries waiting in the subscription channel (capacity 64).",
-            &[("subscription", sub.name.as_str())],
-        );
-        let watched = deliveries_rx.clone();
-        telemetry.on_render(move || fill.set(watched.len() as u64));
-        let dispatcher = Dispatcher::new(
-            sub.clone(),
-            slot.clone(),
-            settle_tx.clone(),
-            dead_letters,
-            telemetry.clone(),
-        );
-        let keeper = Keeper::new(
-            sub.clone(),
-            config.lease.clone(),
-            owner.clone(),
-            store.clone(),
-            ReaderContext {
-                client: client.clone(),
-                subscription: sub.clone(),
-                deliveries: deliveries_tx,
-                settlement: settle_tx,
-                telemetry: telemetry.clone(),
-                status,
-            },
-        );
-        running.push(Running {
-            name: sub.name.to_string(),
-            shutdown_timeout: sub.shutdown_timeout,
-            settlement: tokio::spawn(settlement.run(settle_rx)),
-            dispatcher: tokio::spawn(dispatcher.run(deliveries_rx, hard_stop.clone())),
-            keeper: tokio::spawn(keeper.run(checkpoint_rx, keeper_stop.clone())),
-            watcher: tokio::spawn(slot.watch(ops_stop.clone())),
-            keeper_stop,
-            hard_stop,
-        });
+        slots.insert(sub.name.clone(), slot.clone());
+        pipelines.push(Pipeline::start(Parts {
+            subscription: sub,
+            slot,
+            kinesis: kinesis.clone(),
+            store: store.clone(),
+            lease: config.lease.clone(),
+            owner: owner.clone(),
+            telemetry: telemetry.clone(),
+        }));
     }
+    let ops_stop = CancellationToken::new();
     let ops = match config.admin.listen {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -320,36 +228,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 
     shutdown.await;
     tracing::info!("shutting down: stopping readers, draining in-flight records");
-    for sub in &running {
-        sub.keeper_stop.cancel();
-        let hard_stop = sub.hard_stop.clone();
-        let timeout = sub.shutdown_timeout;
-        // Detached on purpose: it only fires a token, and ends with the
-        // runtime.
-        tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            hard_stop.cancel();
-        });
+    let mut stopping = JoinSet::new();
+    for pipeline in pipelines {
+        stopping.spawn(pipeline.shutdown());
     }
     let mut failed = false;
-    let mut running_watchers = Vec::new();
-    for sub in running {
-        running_watchers.push(sub.watcher);
-        for (stage, task) in [
-            ("dispatch", sub.dispatcher),
-            ("settlement", sub.settlement),
-            ("lease keeper", sub.keeper),
-        ] {
-            if let Err(e) = task.await {
-                failed = true;
-                tracing::error!(subscription = %sub.name, stage, error = %e, "task failed");
-            }
-        }
+    while let Some(stopped) = stopping.join_next().await {
+        failed |= !stopped.unwrap_or(false);
     }
     ops_stop.cancel();
-    for sub in running_watchers {
-        let _ = sub.await;
-    }
     if let Some(ops) = ops {
         let _ = ops.await;
     }
@@ -358,46 +245,58 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     Ok(())
 }
 
+/// Opens the configured lease store.
+///
+/// # Errors
+/// When it cannot be opened (a file store held by another process, a
+/// DynamoDB table that does not exist).
+async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn LeaseStore>> {
+    let store: Arc<dyn LeaseStore> = match &config.lease.store {
+        LeaseBackend::Memory => Arc::new(MemoryLeaseStore::new()),
+        LeaseBackend::File { path } => Arc::new(FileLeaseStore::open(path)?),
+        LeaseBackend::DynamoDb {
+            table,
+            create_table,
+        } => Arc::new(
+            DynamoDbLeaseStore::open(
+                kinesis::dynamodb_client(&config.aws).await,
+                table,
+                *create_table,
+            )
+            .await?,
+        ),
+    };
+    tracing::info!(store = ?config.lease.store, "lease store open");
+    Ok(store)
+}
+
 /// How long start-up keeps trying to reach Kinesis before it gives up.
 const REACH_KINESIS_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Fails when the stream does not exist, naming the config key; an
 /// unreachable endpoint is retried with backoff for [`REACH_KINESIS_FOR`],
 /// then fails with the last error.
-async fn check_stream(
-    client: &aws_sdk_kinesis::Client,
-    stream: &StreamName,
-    key: &str,
-) -> anyhow::Result<()> {
+async fn check_stream(kinesis: &Kinesis, stream: &StreamName, key: &str) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + REACH_KINESIS_FOR;
     let mut backoff = crate::backoff::Backoff::new(
         std::time::Duration::from_millis(200),
         std::time::Duration::from_secs(5),
     );
     loop {
-        match client
-            .describe_stream_summary()
-            .stream_name(stream.as_str())
-            .send()
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
-            {
+        match kinesis.describe_stream(stream).await {
+            Ok(()) => return Ok(()),
+            Err(KinesisError::NotFound(_)) => {
                 anyhow::bail!("{key} {:?} does not exist", stream.as_str())
             }
             Err(e) => {
-                let error = aws_sdk_kinesis::error::DisplayErrorContext(&e).to_string();
                 if tokio::time::Instant::now() >= deadline {
                     anyhow::bail!(
-                        "cannot reach Kinesis to check {key} {:?} (tried for {REACH_KINESIS_FOR:?}): {error}",
+                        "cannot reach Kinesis to check {key} {:?} (tried for {REACH_KINESIS_FOR:?}): {e}",
                         stream.as_str()
                     );
                 }
                 let wait = backoff.next_wait();
-                tracing::warn!(stream = %stream, error, ?wait, "cannot reach Kinesis yet; retrying");
+                tracing::warn!(stream = %stream, error = %e, ?wait, "cannot reach Kinesis yet; retrying");
                 tokio::time::sleep(wait).await;
             }
         }

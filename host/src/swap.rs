@@ -50,14 +50,18 @@ use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::channel::Record;
+mod canary;
+
+use canary::Canary;
+pub use canary::KeySlice;
+pub(crate) use canary::{Role, SlotInstance};
+
 use crate::config::SandboxConfig;
-use crate::dispatch::routing::KeySlice;
-use crate::dispatch::{Handler, HandlerFactory};
+use crate::dispatch::HandlerFactory;
 use crate::files;
-use crate::ids::{LaneId, SubscriptionName};
-use crate::plugin::{CallError, Instance, Outcome, Plugin, PluginDigest, PluginError, PluginHost};
-use crate::telemetry::{Counter, SubscriptionStatus, Telemetry};
+use crate::ids::{LaneId, PluginDigest, SubscriptionName};
+use crate::plugin::{Plugin, PluginError, PluginHost};
+use crate::telemetry::{SubscriptionStatus, Telemetry};
 
 /// Quiet time after the last file event before the file is read: editors
 /// and copies write in several steps.
@@ -65,7 +69,7 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// What a swap, or a canary change, did.
 #[derive(Debug, Clone)]
-pub struct SwapReport {
+pub(crate) struct SwapReport {
     /// The version before (for a canary start: the stable version).
     pub old: PluginDigest,
     /// The version now (for a canary start: the candidate).
@@ -78,89 +82,13 @@ pub struct SwapReport {
 
 /// Why a canary change was refused.
 #[derive(Debug, thiserror::Error)]
-pub enum CanaryError {
+pub(crate) enum CanaryError {
     /// Promote or rollback without a canary.
     #[error("subscription {0} runs no canary")]
     NoCanary(SubscriptionName),
     /// The candidate cannot be used.
     #[error(transparent)]
     Plugin(#[from] PluginError),
-}
-
-/// Which version handled a record while a canary runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The stable version.
-    Stable,
-    /// The candidate.
-    Candidate,
-}
-
-impl Role {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Stable => "stable",
-            Self::Candidate => "candidate",
-        }
-    }
-}
-
-/// Outcome counters of one version during a canary.
-#[derive(Clone)]
-struct RoleCounters {
-    ack: Counter,
-    retry: Counter,
-    reject: Counter,
-    failed: Counter,
-}
-
-impl RoleCounters {
-    fn new(telemetry: &Telemetry, sub: &str, role: Role) -> Self {
-        let counter = |outcome: &str| {
-            telemetry.counter(
-                "shardlane_canary_records_total",
-                "Records handled while a canary runs, by version (stable or candidate) and outcome (failed: trap, timeout or guest error).",
-                &[("subscription", sub), ("version", role.label()), ("outcome", outcome)],
-            )
-        };
-        Self {
-            ack: counter("ack"),
-            retry: counter("retry"),
-            reject: counter("reject"),
-            failed: counter("failed"),
-        }
-    }
-
-    fn count(&self, outcome: &Outcome) {
-        match outcome {
-            Outcome::Ack => self.ack.inc(),
-            Outcome::Retry(_) => self.retry.inc(),
-            Outcome::Reject(_) => self.reject.inc(),
-        }
-    }
-
-    fn count_one(&self, result: &Result<Outcome, CallError>) {
-        match result {
-            Ok(outcome) => self.count(outcome),
-            Err(_) => self.failed.inc(),
-        }
-    }
-
-    fn count_batch(&self, result: &Result<Vec<Outcome>, CallError>, len: usize) {
-        match result {
-            Ok(outcomes) => outcomes.iter().for_each(|o| self.count(o)),
-            Err(_) => self.failed.add(len as u64),
-        }
-    }
-}
-
-/// A candidate version and the keys it handles.
-#[derive(Clone)]
-struct Canary {
-    plugin: Arc<Plugin>,
-    slice: KeySlice,
-    stable_counts: RoleCounters,
-    candidate_counts: RoleCounters,
 }
 
 /// What lanes instantiate from.
@@ -171,7 +99,7 @@ struct Versions {
 }
 
 /// The current plugin versions of a subscription (see the module docs).
-pub struct PluginSlot {
+pub(crate) struct PluginSlot {
     host: PluginHost,
     path: PathBuf,
     subscription: SubscriptionName,
@@ -189,7 +117,7 @@ pub struct PluginSlot {
 
 impl PluginSlot {
     /// A slot holding `plugin`, loaded from `path`.
-    pub fn new(
+    pub(crate) fn new(
         host: PluginHost,
         plugin: Plugin,
         handler_timeout: Duration,
@@ -219,7 +147,7 @@ impl PluginSlot {
 
     /// Starts with `candidate` handling the keys in `slice` (the config's
     /// `canary`).
-    pub fn with_canary(self, candidate: Plugin, slice: KeySlice) -> Self {
+    pub(crate) fn with_canary(self, candidate: Plugin, slice: KeySlice) -> Self {
         self.install_canary(Arc::new(candidate), slice);
         self
     }
@@ -240,13 +168,7 @@ impl PluginSlot {
     }
 
     fn install_canary(&self, plugin: Arc<Plugin>, slice: KeySlice) {
-        let sub = self.subscription.as_str();
-        let canary = Canary {
-            plugin,
-            slice,
-            stable_counts: RoleCounters::new(&self.telemetry, sub, Role::Stable),
-            candidate_counts: RoleCounters::new(&self.telemetry, sub, Role::Candidate),
-        };
+        let canary = Canary::new(plugin, slice, &self.telemetry, self.subscription.as_str());
         let stable = self.versions().stable;
         self.install(Versions {
             stable,
@@ -255,15 +177,8 @@ impl PluginSlot {
     }
 
     /// The stable version.
-    pub fn current(&self) -> Arc<Plugin> {
+    pub(crate) fn current(&self) -> Arc<Plugin> {
         self.versions().stable
-    }
-
-    /// The candidate's digest and slice, while a canary runs.
-    pub fn canary(&self) -> Option<(PluginDigest, KeySlice)> {
-        self.versions()
-            .canary
-            .map(|c| (c.plugin.digest().clone(), c.slice))
     }
 
     /// Publishes the running versions to `/metrics` and the status page.
@@ -291,12 +206,13 @@ impl PluginSlot {
                 .set(1);
         }
         *published = now;
-        *self.status.digest.lock().unwrap_or_else(|e| e.into_inner()) =
-            versions.stable.digest().to_string();
-        *self.status.canary.lock().unwrap_or_else(|e| e.into_inner()) = versions
-            .canary
-            .as_ref()
-            .map(|c| format!("{} on {} of the keys", c.plugin.digest(), c.slice));
+        self.status.set_versions(
+            versions.stable.digest().to_string(),
+            versions
+                .canary
+                .as_ref()
+                .map(|c| format!("{} on {} of the keys", c.plugin.digest(), c.slice)),
+        );
     }
 
     /// Compiles and validates `bytes` off the hot path: a component of the
@@ -342,7 +258,11 @@ impl PluginSlot {
     /// # Errors
     /// A [`PluginError`] naming the file and reason; the running version
     /// stays.
-    pub async fn swap(&self, bytes: Vec<u8>, origin: &str) -> Result<SwapReport, PluginError> {
+    pub(crate) async fn swap(
+        &self,
+        bytes: Vec<u8>,
+        origin: &str,
+    ) -> Result<SwapReport, PluginError> {
         let _one_at_a_time = self.swapping.lock().await;
         let started = Instant::now();
         let old = self.current();
@@ -381,7 +301,7 @@ impl PluginSlot {
     ///
     /// # Errors
     /// A [`PluginError`] naming the reason; nothing changes.
-    pub async fn start_canary(
+    pub(crate) async fn start_canary(
         &self,
         bytes: Vec<u8>,
         slice: KeySlice,
@@ -411,7 +331,7 @@ impl PluginSlot {
     ///
     /// # Errors
     /// [`CanaryError::NoCanary`] when none runs.
-    pub async fn promote(&self, origin: &str) -> Result<SwapReport, CanaryError> {
+    pub(crate) async fn promote(&self, origin: &str) -> Result<SwapReport, CanaryError> {
         self.end_canary(origin, Role::Candidate).await
     }
 
@@ -419,7 +339,7 @@ impl PluginSlot {
     ///
     /// # Errors
     /// [`CanaryError::NoCanary`] when none runs.
-    pub async fn rollback(&self, origin: &str) -> Result<SwapReport, CanaryError> {
+    pub(crate) async fn rollback(&self, origin: &str) -> Result<SwapReport, CanaryError> {
         self.end_canary(origin, Role::Stable).await
     }
 
@@ -455,7 +375,7 @@ impl PluginSlot {
 
     /// Watches the plugin file until `shutdown`, swapping in each new valid
     /// version.
-    pub async fn watch(self: Arc<Self>, shutdown: CancellationToken) {
+    pub(crate) async fn watch(self: Arc<Self>, shutdown: CancellationToken) {
         let (tx, mut rx) = mpsc::channel::<()>(16);
         let file_name = self.path.file_name().map(|n| n.to_owned());
         let watched = file_name.clone();
@@ -558,107 +478,13 @@ fn folder_of(path: &Path) -> PathBuf {
     }
 }
 
-/// A lane's handler: an instance of the stable version and, while a
-/// canary runs, one of the candidate, picked per record by partition key
-/// (see "Canary" in the module docs).
-pub struct SlotInstance {
-    stable: Instance,
-    canary: Option<CanaryInstance>,
-}
-
-struct CanaryInstance {
-    instance: Instance,
-    slice: KeySlice,
-    stable_counts: RoleCounters,
-    candidate_counts: RoleCounters,
-}
-
-impl SlotInstance {
-    /// Which version handles `record`.
-    pub fn role_for(&self, record: &Record) -> Role {
-        match &self.canary {
-            Some(c) if c.slice.contains(&record.partition_key) => Role::Candidate,
-            _ => Role::Stable,
-        }
-    }
-}
-
-impl Handler for SlotInstance {
-    async fn handle(&mut self, record: &Arc<Record>, attempt: u32) -> Result<Outcome, CallError> {
-        let role = self.role_for(record);
-        let Some(canary) = &mut self.canary else {
-            return self.stable.handle(record, attempt).await;
-        };
-        let (instance, counts) = match role {
-            Role::Candidate => (&mut canary.instance, &canary.candidate_counts),
-            Role::Stable => (&mut self.stable, &canary.stable_counts),
-        };
-        let result = instance.handle(record, attempt).await;
-        counts.count_one(&result);
-        result
-    }
-
-    async fn handle_batch(
-        &mut self,
-        records: &[(Arc<Record>, u32)],
-    ) -> Result<Vec<Outcome>, CallError> {
-        let Some(canary) = &mut self.canary else {
-            return self.stable.handle_batch(records).await;
-        };
-        let (to_candidate, to_stable): (Vec<usize>, Vec<usize>) =
-            (0..records.len()).partition(|&i| canary.slice.contains(&records[i].0.partition_key));
-        let part = |indices: &[usize]| -> Vec<(Arc<Record>, u32)> {
-            indices.iter().map(|&i| records[i].clone()).collect()
-        };
-        let mut merged = Vec::with_capacity(records.len());
-        if !to_stable.is_empty() {
-            let result = if to_candidate.is_empty() {
-                self.stable.handle_batch(records).await
-            } else {
-                self.stable.handle_batch(&part(&to_stable)).await
-            };
-            canary.stable_counts.count_batch(&result, to_stable.len());
-            merged.extend(to_stable.iter().copied().zip(result?));
-        }
-        if !to_candidate.is_empty() {
-            let result = if to_stable.is_empty() {
-                canary.instance.handle_batch(records).await
-            } else {
-                canary.instance.handle_batch(&part(&to_candidate)).await
-            };
-            canary
-                .candidate_counts
-                .count_batch(&result, to_candidate.len());
-            merged.extend(to_candidate.iter().copied().zip(result?));
-        }
-        merged.sort_unstable_by_key(|(i, _)| *i);
-        Ok(merged.into_iter().map(|(_, outcome)| outcome).collect())
-    }
-
-    fn version(&self, record: &Record) -> Option<PluginDigest> {
-        Some(match (&self.canary, self.role_for(record)) {
-            (Some(canary), Role::Candidate) => canary.instance.digest().clone(),
-            _ => self.stable.digest().clone(),
-        })
-    }
-}
-
 impl HandlerFactory for PluginSlot {
     type Handler = SlotInstance;
+    type Error = PluginError;
 
     async fn create(&self, lane: LaneId) -> Result<SlotInstance, PluginError> {
         let versions = self.versions();
-        let stable = versions.stable.instantiate(lane).await?;
-        let canary = match versions.canary {
-            None => None,
-            Some(c) => Some(CanaryInstance {
-                instance: c.plugin.instantiate(lane).await?,
-                slice: c.slice,
-                stable_counts: c.stable_counts,
-                candidate_counts: c.candidate_counts,
-            }),
-        };
-        Ok(SlotInstance { stable, canary })
+        SlotInstance::new(&versions.stable, versions.canary.as_ref(), lane).await
     }
 
     fn generation(&self) -> u64 {

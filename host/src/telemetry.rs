@@ -4,18 +4,25 @@
 //! Stages get cheap handles once (a [`Counter`] or [`Gauge`] is an
 //! `Arc<AtomicU64>`), so the hot path does one relaxed atomic add per
 //! event; the registry's lock is taken only to register a series and to
-//! render. Shard status (owner, checkpoint, lag, state) and per-lane load
-//! live in small maps behind std mutexes, updated on lease and checkpoint
-//! events (not per record) and read by the status page.
+//! render. Each subscription's live status (plugin versions, shard states,
+//! lane load) has one owner, [`SubscriptionStatus`] ([`status`]); handler
+//! and GetRecords calls run in OpenTelemetry-shaped [`spans`].
 //!
 //! Names follow Prometheus conventions: `shardlane_` prefix, `_total` for
 //! counters, `_seconds` for durations.
 
+pub(crate) mod spans;
+mod status;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+pub(crate) use status::SubscriptionStatus;
+
+use crate::ids::SubscriptionName;
 
 /// A monotonically increasing count.
 #[derive(Clone, Default, Debug)]
@@ -95,12 +102,12 @@ impl Histogram {
 }
 
 /// Bucket bounds for handler durations, in seconds.
-pub const DURATION_BUCKETS: &[f64] = &[
+pub(crate) const DURATION_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 /// Bucket bounds for batch sizes.
-pub const BATCH_BUCKETS: &[f64] = &[
+pub(crate) const BATCH_BUCKETS: &[f64] = &[
     1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
 ];
 
@@ -118,133 +125,11 @@ struct Family {
     series: Vec<(Labels, Series)>,
 }
 
-/// A shard as the status page shows it.
-#[derive(Debug, Clone, Default)]
-pub struct ShardStatus {
-    /// Who holds its lease (this instance's id while we read it).
-    pub owner: String,
-    /// The last checkpoint written.
-    pub checkpoint: String,
-    /// When that checkpoint was written.
-    pub checkpoint_at: Option<Instant>,
-    /// Reading, handing over, ended, ...
-    pub state: String,
-    /// How far behind the tip the last read was, in ms.
-    pub behind_ms: Option<u64>,
-}
-
-/// A subscription as the status page and `/readyz` see it.
-#[derive(Debug, Default)]
-pub struct SubscriptionStatus {
-    /// The plugin's current (stable) digest.
-    pub digest: Mutex<String>,
-    /// The canary's candidate digest and key fraction, while one runs.
-    pub canary: Mutex<Option<String>>,
-    /// Sequential, workers(n), by_key(n), with batches.
-    pub mode: String,
-    /// Shards by id.
-    pub shards: Mutex<BTreeMap<String, ShardStatus>>,
-    /// Calls per lane.
-    pub lanes: Mutex<BTreeMap<u32, Counter>>,
-    /// The keeper finished its first shard sync.
-    pub synced: AtomicBool,
-    /// Whether every shard of the stream is read by someone (the keeper
-    /// writes it after each sync).
-    pub coverage: Mutex<Coverage>,
-}
-
-/// What the keeper's syncs say about the shards nobody reads.
-#[derive(Debug, Default, Clone)]
-pub struct Coverage {
-    /// How long shards may go unread, or syncs fail, before the
-    /// subscription stops counting as ready; zero: never (not yet set).
-    pub grace: Duration,
-    /// When the last sync succeeded.
-    pub last_sync: Option<Instant>,
-    /// Eligible shards nobody held after the last sync.
-    pub unread: usize,
-    /// Since when some shard has been unread, sync after sync.
-    pub unread_since: Option<Instant>,
-}
-
-impl Coverage {
-    /// Why the subscription is not covered at `now`, if it is not: some
-    /// shard unread for longer than the grace, or no successful sync for
-    /// that long.
-    pub fn problem(&self, now: Instant) -> Option<String> {
-        if self.grace.is_zero() {
-            return None;
-        }
-        if let Some(since) = self.unread_since
-            && now.duration_since(since) > self.grace
-        {
-            return Some(format!(
-                "{} shard(s) read by nobody for {:?}",
-                self.unread,
-                now.duration_since(since)
-            ));
-        }
-        if let Some(at) = self.last_sync
-            && now.duration_since(at) > self.grace
-        {
-            return Some(format!(
-                "no successful shard sync for {:?}",
-                now.duration_since(at)
-            ));
-        }
-        None
-    }
-
-    /// Records a sync that left `unread` shards unheld at `now`.
-    pub fn synced(&mut self, unread: usize, now: Instant) {
-        self.last_sync = Some(now);
-        self.unread = unread;
-        if unread == 0 {
-            self.unread_since = None;
-        } else {
-            self.unread_since.get_or_insert(now);
-        }
-    }
-}
-
-impl SubscriptionStatus {
-    /// Updates one shard's status.
-    pub fn shard(&self, shard: &str, update: impl FnOnce(&mut ShardStatus)) {
-        let mut shards = self.shards.lock().unwrap_or_else(|e| e.into_inner());
-        update(shards.entry(shard.to_owned()).or_default());
-    }
-
-    /// The call counter of a lane.
-    pub fn lane(&self, lane: u32) -> Counter {
-        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
-        lanes.entry(lane).or_default().clone()
-    }
-
-    /// Ready: synced, every shard of the stream read by someone (see
-    /// [`Coverage::problem`]), and every shard this instance reads
-    /// positioned.
-    pub fn ready(&self) -> bool {
-        self.synced.load(Ordering::Relaxed)
-            && self
-                .coverage
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .problem(Instant::now())
-                .is_none()
-            && self
-                .shards
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .all(|s| s.state != "opening")
-    }
-}
-
 /// All metrics and status of one host process.
 #[derive(Default)]
 pub struct Telemetry {
     families: Mutex<BTreeMap<&'static str, Family>>,
-    subscriptions: Mutex<BTreeMap<String, Arc<SubscriptionStatus>>>,
+    subscriptions: Mutex<BTreeMap<SubscriptionName, Arc<SubscriptionStatus>>>,
     /// Refreshes gauges whose value is read at scrape time.
     collectors: Mutex<Vec<Box<dyn Fn() + Send>>>,
 }
@@ -353,20 +238,15 @@ impl Telemetry {
     }
 
     /// The status of a subscription, made on first use.
-    pub fn subscription(&self, name: &str, mode: String) -> Arc<SubscriptionStatus> {
+    pub fn subscription(&self, name: &SubscriptionName, mode: String) -> Arc<SubscriptionStatus> {
         let mut subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
-        subs.entry(name.to_owned())
-            .or_insert_with(|| {
-                Arc::new(SubscriptionStatus {
-                    mode,
-                    ..Default::default()
-                })
-            })
+        subs.entry(name.clone())
+            .or_insert_with(|| Arc::new(SubscriptionStatus::new(mode)))
             .clone()
     }
 
     /// Every subscription's status.
-    pub fn subscriptions(&self) -> Vec<(String, Arc<SubscriptionStatus>)> {
+    pub fn subscriptions(&self) -> Vec<(SubscriptionName, Arc<SubscriptionStatus>)> {
         let subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
         subs.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
@@ -440,10 +320,12 @@ impl Telemetry {
         );
         let _ = writeln!(out, "# TYPE shardlane_checkpoint_age_seconds gauge");
         for (sub, status) in self.subscriptions() {
-            let shards = status.shards.lock().unwrap_or_else(|e| e.into_inner());
-            for (shard, s) in shards.iter() {
+            for (shard, s) in status.shards() {
                 if let Some(at) = s.checkpoint_at {
-                    let labels = vec![("subscription", sub.clone()), ("shard_id", shard.clone())];
+                    let labels = vec![
+                        ("subscription", sub.to_string()),
+                        ("shard_id", shard.to_string()),
+                    ];
                     let _ = writeln!(
                         out,
                         "shardlane_checkpoint_age_seconds{} {:.3}",
@@ -486,39 +368,6 @@ fn fmt_labels(labels: &Labels, le: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn coverage_fails_only_past_the_grace() {
-        let t0 = Instant::now();
-        let s = |secs| t0 + Duration::from_secs(secs);
-        let mut c = Coverage::default();
-        assert_eq!(c.problem(s(100)), None, "no grace set: no verdict");
-        c.grace = Duration::from_secs(5);
-        c.synced(0, t0);
-        assert_eq!(c.problem(s(4)), None);
-        c.synced(2, s(4));
-        assert_eq!(c.problem(s(8)), None, "unread, within the grace");
-        c.synced(1, s(8));
-        let problem = c.problem(s(10)).expect("unread since 4 s, for 6 s");
-        assert!(problem.contains("1 shard(s) read by nobody"), "{problem}");
-        c.synced(0, s(10));
-        assert_eq!(c.problem(s(11)), None, "read again");
-        let stale = c.problem(s(16)).expect("no sync for 6 s");
-        assert!(stale.contains("no successful shard sync"), "{stale}");
-    }
-
-    #[test]
-    fn a_subscription_with_shards_nobody_reads_is_not_ready() {
-        let t = Telemetry::new();
-        let status = t.subscription("s", "sequential".into());
-        status.synced.store(true, Ordering::Relaxed);
-        status.coverage.lock().unwrap().grace = Duration::from_secs(1);
-        status.coverage.lock().unwrap().synced(0, Instant::now());
-        assert!(t.ready());
-        status.coverage.lock().unwrap().unread_since =
-            Some(Instant::now() - Duration::from_secs(2));
-        assert!(!t.ready());
-    }
 
     #[test]
     fn renders_prometheus_text() {
@@ -584,15 +433,14 @@ mod tests {
     }
 
     #[test]
-    fn readiness_needs_a_sync_and_positioned_readers() {
+    fn ready_only_when_every_subscription_is() {
         let t = Telemetry::new();
         assert!(!t.ready(), "nothing registered");
-        let s = t.subscription("a", "sequential".into());
-        assert!(!t.ready());
-        s.synced.store(true, Ordering::Relaxed);
-        s.shard("shard-0", |sh| sh.state = "opening".into());
-        assert!(!t.ready());
-        s.shard("shard-0", |sh| sh.state = "reading".into());
+        let a = t.subscription(&"a".into(), "sequential".into());
+        let b = t.subscription(&"b".into(), "sequential".into());
+        a.synced(0, std::time::Instant::now());
+        assert!(!t.ready(), "b has not synced");
+        b.synced(0, std::time::Instant::now());
         assert!(t.ready());
     }
 }

@@ -16,10 +16,15 @@ use std::time::Duration;
 use crate::telemetry::{Counter, Telemetry};
 
 /// How often a throttled stage may log that it is throttled.
-pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The throttle counter of one service and shard.
-pub fn counter(telemetry: &Telemetry, subscription: &str, service: &str, shard: &str) -> Counter {
+pub(crate) fn counter(
+    telemetry: &Telemetry,
+    subscription: &str,
+    service: &str,
+    shard: &str,
+) -> Counter {
     telemetry.counter(
         "shardlane_throttles_total",
         "AWS calls refused for throughput (throttling) after the SDK's own retries, by service and shard.",

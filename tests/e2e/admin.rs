@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use shardlane::ops::{HEADER_READ_TIMEOUT, LOG_INTERVAL, MAX_CONNECTIONS};
+use shardlane::admin::{HEADER_READ_TIMEOUT, LOG_INTERVAL, MAX_CONNECTIONS};
 use shardlane_testkit::{HostProcess, Kinesis, LogLine, guests, unique_name};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use shardlane::dispatch::routing::lane_for;
 use shardlane::ids::PartitionKey;
+use shardlane::lane_for;
 use shardlane_testkit::{HostProcess, Kinesis, LogLine, guests, unique_name};
 
 use crate::common::{config, field, guest_lines, shardlane_bin, wait_checkpoint};
@@ -144,7 +144,7 @@ async fn a_trap_is_retried_then_dead_lettered_with_its_envelope() {
         "{envelope}"
     );
     assert_eq!(envelope["subscription"], "trap");
-    let chaos = shardlane::plugin::PluginDigest::of(&std::fs::read(&guests.chaos).unwrap());
+    let chaos = shardlane::ids::PluginDigest::of(&std::fs::read(&guests.chaos).unwrap());
     assert_eq!(
         envelope["plugin"],
         chaos.to_string(),

@@ -110,7 +110,7 @@ fn check_refuses_devices_fifos_and_oversized_plugins_at_once() {
     let huge = dir.path().join("huge.wasm");
     std::fs::File::create(&huge)
         .unwrap()
-        .set_len(shardlane::files::MAX_PLUGIN_BYTES + 1)
+        .set_len(shardlane::MAX_PLUGIN_BYTES + 1)
         .unwrap();
     for (path, reason) in [
         (&zero, "not a regular file (it is a character device)"),

@@ -4,10 +4,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use shardlane::channel::CHANNEL_CAPACITY;
-use shardlane::dispatch::LANE_INBOX;
-use shardlane::dispatch::routing::lane_for;
 use shardlane::ids::PartitionKey;
+use shardlane::{CHANNEL_CAPACITY, LANE_INBOX, lane_for};
 use shardlane_testkit::{HostProcess, Kinesis, guests, unique_name};
 
 use crate::common::{config, field, guest_lines, seq_key, shardlane_bin, wait_checkpoint};

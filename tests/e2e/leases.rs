@@ -10,9 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use shardlane::lease::LeaseStore;
 use shardlane::lease::file::FileLeaseStore;
-use shardlane::settlement::Checkpoint;
+use shardlane::lease::{Checkpoint, LeaseStore};
 use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
 use tokio::task::JoinHandle;
 

@@ -487,7 +487,7 @@ async fn a_canary_keeps_its_keys_and_rolls_back_and_promotes_without_loss() {
         "[admin]\nlisten = \"127.0.0.1:0\"",
         "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret\"",
     );
-    let slice = shardlane::dispatch::routing::KeySlice::new(0.3).unwrap();
+    let slice = shardlane::KeySlice::new(0.3).unwrap();
     let in_slice = |key: &str| slice.contains(&shardlane::ids::PartitionKey::from(key));
     let keys: Vec<String> = (0..12).map(|i| format!("key-{i}")).collect();
     assert!(
@@ -713,7 +713,7 @@ async fn dead_letters_name_the_version_that_failed_them() {
     kinesis.create_stream(&dlq, 1).await.unwrap();
     // Stable: echo, which acks everything; candidate: poison, which
     // rejects `bad`. Only keys in the candidate's slice are dead-lettered.
-    let slice = shardlane::dispatch::routing::KeySlice::new(0.5).unwrap();
+    let slice = shardlane::KeySlice::new(0.5).unwrap();
     let keys: Vec<String> = (0..16).map(|i| format!("key-{i}")).collect();
     let in_slice: Vec<&String> = keys
         .iter()
@@ -748,7 +748,7 @@ async fn dead_letters_name_the_version_that_failed_them() {
     .unwrap();
     assert!(host.terminate().await.unwrap().success());
 
-    let candidate = shardlane::plugin::PluginDigest::of(&std::fs::read(&examples.poison).unwrap());
+    let candidate = shardlane::ids::PluginDigest::of(&std::fs::read(&examples.poison).unwrap());
     let mut dead_keys = Vec::new();
     for (key, data) in kinesis.read_all(&dlq).await.unwrap() {
         let envelope: serde_json::Value = serde_json::from_slice(&data).unwrap();

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 /// Collects items into batches (see the module docs).
 #[derive(Debug)]
-pub struct BatchCollector<T> {
+pub(super) struct BatchCollector<T> {
     max: usize,
     max_bytes: usize,
     window: Duration,
@@ -33,7 +33,7 @@ pub struct BatchCollector<T> {
 impl<T> BatchCollector<T> {
     /// A collector of batches of up to `max` items and `max_bytes` bytes
     /// over `window`.
-    pub fn new(max: usize, max_bytes: usize, window: Duration) -> Self {
+    pub(super) fn new(max: usize, max_bytes: usize, window: Duration) -> Self {
         Self {
             max: max.max(1),
             max_bytes: max_bytes.max(1),
@@ -48,7 +48,7 @@ impl<T> BatchCollector<T> {
     /// batch it closed, if any: the open one when the item made it full, or
     /// when the item would take it past `max_bytes` (the item then opens the
     /// next batch).
-    pub fn push(&mut self, item: T, bytes: usize, now: Instant) -> Option<Vec<T>> {
+    pub(super) fn push(&mut self, item: T, bytes: usize, now: Instant) -> Option<Vec<T>> {
         let closed = (!self.items.is_empty() && self.bytes.saturating_add(bytes) > self.max_bytes)
             .then(|| self.take_all());
         if self.items.is_empty() {
@@ -68,12 +68,12 @@ impl<T> BatchCollector<T> {
     }
 
     /// When the open batch closes by time, if one is open.
-    pub fn deadline(&self) -> Option<Instant> {
+    pub(super) fn deadline(&self) -> Option<Instant> {
         self.due_at
     }
 
     /// The open batch, if its window has passed at `now` (or it is full).
-    pub fn take_due(&mut self, now: Instant) -> Option<Vec<T>> {
+    pub(super) fn take_due(&mut self, now: Instant) -> Option<Vec<T>> {
         match self.deadline() {
             Some(deadline) if now >= deadline => Some(self.take_all()),
             _ => None,
@@ -81,18 +81,8 @@ impl<T> BatchCollector<T> {
     }
 
     /// The open batch, whatever its size or age (on shutdown).
-    pub fn flush(&mut self) -> Option<Vec<T>> {
+    pub(super) fn flush(&mut self) -> Option<Vec<T>> {
         (!self.items.is_empty()).then(|| self.take_all())
-    }
-
-    /// Items in the open batch.
-    pub fn len(&self) -> usize {
-        self.items.len()
-    }
-
-    /// True when no batch is open.
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
     }
 
     fn take_all(&mut self) -> Vec<T> {
@@ -115,8 +105,8 @@ mod tests {
         assert_eq!(c.push(1, 1, t0), None);
         assert_eq!(c.push(2, 1, t0), None);
         assert_eq!(c.push(3, 1, t0), Some(vec![1, 2, 3]));
-        assert!(c.is_empty());
         assert_eq!(c.deadline(), None);
+        assert_eq!(c.flush(), None, "nothing left open");
     }
 
     #[test]
@@ -143,7 +133,6 @@ mod tests {
         let mut c = BatchCollector::new(10, usize::MAX, WINDOW);
         assert_eq!(c.flush(), None::<Vec<u8>>);
         c.push(7u8, 1, Instant::now());
-        assert_eq!(c.len(), 1);
         assert_eq!(c.flush(), Some(vec![7]));
         assert_eq!(c.flush(), None);
     }
@@ -158,11 +147,14 @@ mod tests {
         // 'c' starts the next one, with its own window.
         let t1 = t0 + Duration::from_millis(10);
         assert_eq!(c.push('c', 400, t1), Some(vec!['a', 'b']));
-        assert_eq!(c.len(), 1);
-        assert_eq!(c.deadline(), Some(t1 + WINDOW));
+        assert_eq!(
+            c.deadline(),
+            Some(t1 + WINDOW),
+            "'c' alone, in a new window"
+        );
         // Exactly at the limit: full, closed at once.
         assert_eq!(c.push('d', 600, t1), Some(vec!['c', 'd']));
-        assert!(c.is_empty());
+        assert_eq!(c.flush(), None);
     }
 
     #[test]
@@ -177,8 +169,8 @@ mod tests {
         assert_eq!(c.push("huge", 5_000, t0), Some(vec!["small"]));
         assert_eq!(c.deadline(), Some(t0));
         assert_eq!(c.take_due(t0), Some(vec!["huge"]));
-        assert!(c.is_empty());
         assert_eq!(c.deadline(), None);
+        assert_eq!(c.flush(), None, "nothing left open");
     }
 
     #[test]

@@ -33,9 +33,9 @@ use aws_sdk_dynamodb::types::{
     ScalarAttributeType, TableStatus,
 };
 
+use super::Checkpoint;
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
 use crate::ids::{OwnerId, ShardId, StreamName, SubscriptionName};
-use crate::settlement::Checkpoint;
 
 const GROUP: &str = "lease_group";
 const SHARD: &str = "shard_id";

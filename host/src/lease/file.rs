@@ -31,9 +31,9 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use super::Checkpoint;
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, rules};
 use crate::ids::{OwnerId, ShardId, StreamName, SubscriptionName};
-use crate::settlement::Checkpoint;
 
 const LEASES: TableDefinition<&str, &str> = TableDefinition::new("leases");
 const SEP: char = '\u{1f}';

@@ -9,9 +9,9 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
+use super::Checkpoint;
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, rules};
 use crate::ids::{OwnerId, StreamName, SubscriptionName};
-use crate::settlement::Checkpoint;
 
 /// Leases in a map behind a std mutex: every operation is a short, purely
 /// in-memory critical section, never held across an `.await`.

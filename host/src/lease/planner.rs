@@ -31,14 +31,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::Checkpoint;
 use super::Lease;
 use crate::ids::{OwnerId, ShardId};
 use crate::kinesis::ShardInfo;
-use crate::settlement::Checkpoint;
 
 /// What to do after a sync.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Plan {
+pub(super) struct Plan {
     /// Leases to acquire, each with the lease as observed (`None`: absent).
     pub take: Vec<(ShardId, Option<Lease>)>,
     /// A lease to ask its owner to hand over.
@@ -56,14 +56,14 @@ pub struct Plan {
 
 /// The planner's memory: when each other owner's lease counter last moved.
 #[derive(Debug, Default)]
-pub struct Planner {
+pub(super) struct Planner {
     observed: HashMap<ShardId, (u64, Instant)>,
 }
 
 impl Planner {
     /// A planner with no observations yet (every lease counts as alive
     /// until seen unchanged for a lease duration).
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self::default()
     }
 
@@ -71,7 +71,7 @@ impl Planner {
     /// `releasing` (held too, but not counted toward its share), given the
     /// stream's `shards` and the table's `leases`, at `now`.
     #[allow(clippy::too_many_arguments)]
-    pub fn plan(
+    pub(super) fn plan(
         &mut self,
         me: &OwnerId,
         held: &HashSet<ShardId>,

@@ -21,20 +21,16 @@ use crate::backoff::Backoff;
 /// also the idle bound between requests.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The keep-alive idle bound: hyper enforces it through the header-read
-/// timer, so the two are one value.
-pub const IDLE_TIMEOUT: Duration = HEADER_READ_TIMEOUT;
-
 /// How long reading one upload's body may take: the largest plugin
 /// ([`super::MAX_PLUGIN_UPLOAD`], 64 MiB) at about 1 MiB/s. A body trickled
 /// slower than that is answered 408.
-pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The longest any connection may live, whatever it does: longer than a
 /// body read plus compiling the largest component (tens of seconds), so it
 /// only ever ends a connection that a caller holds on purpose, such as one
 /// that never reads its response.
-pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
+pub(crate) const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
 
 /// Connections open at once. The admin server has a handful of legitimate
 /// callers (a health probe, a metrics scraper, an operator); 32 leaves room
@@ -44,11 +40,11 @@ pub const MAX_CONNECTIONS: usize = 32;
 
 /// The first pause after a failed accept (at the file-descriptor limit,
 /// EMFILE/ENFILE, accept fails at once until a descriptor frees up).
-pub const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(10);
+pub(crate) const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(10);
 
 /// The longest pause between accept attempts: a free descriptor is noticed
 /// within a second.
-pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+pub(crate) const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// How often a repeated event (a refused write, a connection over the cap,
 /// a failed accept) may be logged.
@@ -56,11 +52,11 @@ pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The most bytes of a request-derived string (a path, a subscription name)
 /// that are logged.
-pub const MAX_LOGGED: usize = 128;
+pub(crate) const MAX_LOGGED: usize = 128;
 
 /// `s` cut to at most [`MAX_LOGGED`] bytes on a character boundary, with
 /// `…` when cut.
-pub fn capped(s: &str) -> String {
+pub(super) fn capped(s: &str) -> String {
     if s.len() <= MAX_LOGGED {
         return s.to_owned();
     }
@@ -71,13 +67,13 @@ pub fn capped(s: &str) -> String {
     format!("{}…", &s[..end])
 }
 
-pub use crate::logging::LogGate;
+pub(super) use crate::logging::LogGate;
 
 /// What the accept loop does after accept fails: pause (doubling from
 /// [`ACCEPT_BACKOFF_FIRST`] to [`ACCEPT_BACKOFF_MAX`], reset by a success)
 /// and log at most once per [`LOG_INTERVAL`].
 #[derive(Debug)]
-pub struct AcceptBackoff {
+pub(super) struct AcceptBackoff {
     pause: Backoff,
     log: LogGate,
 }
@@ -94,12 +90,12 @@ impl Default for AcceptBackoff {
 impl AcceptBackoff {
     /// Accept failed at `now`: how long to pause, and `Some(n)` when to log
     /// it (`n` failures left out since the last logged one).
-    pub fn failed(&mut self, now: Instant) -> (Duration, Option<u64>) {
+    pub(super) fn failed(&mut self, now: Instant) -> (Duration, Option<u64>) {
         (self.pause.next_wait(), self.log.note(now))
     }
 
     /// Accept worked: the next failure pauses briefly again.
-    pub fn succeeded(&mut self) {
+    pub(super) fn succeeded(&mut self) {
         self.pause.reset();
     }
 }

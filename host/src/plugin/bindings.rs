@@ -11,7 +11,7 @@
 //! `*Pre` types look every export up once, before any instantiation.
 
 /// The `record-handler` world and the shared interfaces.
-pub mod record {
+pub(super) mod record {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "record-handler",
@@ -23,7 +23,7 @@ pub mod record {
 }
 
 /// The `batch-handler` world.
-pub mod batch {
+pub(super) mod batch {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "batch-handler",
@@ -36,5 +36,5 @@ pub mod batch {
     });
 }
 
-pub use record::shardlane::plugin::log::{self, Level};
-pub use record::shardlane::plugin::types::{KinesisRecord, Outcome};
+pub(super) use record::shardlane::plugin::log::{self, Level};
+pub(super) use record::shardlane::plugin::types::{KinesisRecord, Outcome};

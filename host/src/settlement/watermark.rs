@@ -16,41 +16,10 @@
 use std::collections::VecDeque;
 
 use crate::ids::SequenceNumber;
-
-/// Where a shard's processing stands in the lease store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Checkpoint {
-    /// Every record up to and including this one has settled.
-    Sequence(SequenceNumber),
-    /// The shard is closed and every record in it has settled: its children
-    /// may start.
-    ShardEnd,
-}
-
-impl Checkpoint {
-    /// The stored form: the sequence number, or `SHARD_END` as KCL writes it.
-    pub fn as_str(&self) -> &str {
-        match self {
-            Checkpoint::Sequence(seq) => seq.as_str(),
-            Checkpoint::ShardEnd => "SHARD_END",
-        }
-    }
-
-    /// Parses the stored form.
-    ///
-    /// # Errors
-    /// When the string is neither `SHARD_END` nor a sequence number.
-    pub fn parse(value: &str) -> Result<Self, crate::ids::SequenceNumberError> {
-        if value == "SHARD_END" {
-            Ok(Checkpoint::ShardEnd)
-        } else {
-            SequenceNumber::parse(value).map(Checkpoint::Sequence)
-        }
-    }
-}
+use crate::lease::Checkpoint;
 
 /// The position of a tracked record within its shard's reader session.
-pub type Offset = u64;
+pub(crate) type Offset = u64;
 
 #[derive(Debug)]
 enum Entry {
@@ -60,7 +29,7 @@ enum Entry {
 
 /// What [`Watermark::settle`] made of a settlement.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Settled {
+pub(crate) enum Settled {
     /// Recorded; the checkpoint moved (or not) accordingly.
     Ok,
     /// That offset had already settled, or was never tracked: ignored.
@@ -69,7 +38,7 @@ pub enum Settled {
 
 /// The settlement state of one shard (see the module docs).
 #[derive(Debug, Default)]
-pub struct Watermark {
+pub(crate) struct Watermark {
     /// Offset of `entries[0]`.
     base: Offset,
     entries: VecDeque<Entry>,
@@ -80,13 +49,13 @@ pub struct Watermark {
 
 impl Watermark {
     /// An empty watermark; offsets start at 0.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Tracks the next record read from the shard and returns its offset.
     /// Records must be tracked in the order the shard returned them.
-    pub fn track(&mut self, seq: SequenceNumber) -> Offset {
+    pub(crate) fn track(&mut self, seq: SequenceNumber) -> Offset {
         debug_assert!(
             !matches!(self.entries.back(), Some(Entry::End)),
             "record tracked after the end of its shard"
@@ -100,19 +69,19 @@ impl Watermark {
     }
 
     /// Tracks the end of a closed shard, after its last record.
-    pub fn track_end(&mut self) {
+    pub(crate) fn track_end(&mut self) {
         self.entries.push_back(Entry::End);
         self.advance();
     }
 
     /// The offset the next tracked record will get.
-    pub fn next_offset(&self) -> Offset {
+    pub(crate) fn next_offset(&self) -> Offset {
         self.base + self.entries.len() as Offset
     }
 
     /// Marks the record at `offset` as settled and moves the checkpoint over
     /// every settled record at the front.
-    pub fn settle(&mut self, offset: Offset) -> Settled {
+    pub(crate) fn settle(&mut self, offset: Offset) -> Settled {
         let Some(index) = offset.checked_sub(self.base) else {
             return Settled::Unknown;
         };
@@ -151,7 +120,7 @@ impl Watermark {
     /// Forgets the records at `next` and after: they were tracked but never
     /// handed to a handler (the reader stopped first), so they will never
     /// settle here. Returns how many unsettled records were dropped.
-    pub fn truncate(&mut self, next: Offset) -> usize {
+    pub(crate) fn truncate(&mut self, next: Offset) -> usize {
         let keep = next.saturating_sub(self.base) as usize;
         let mut dropped = 0;
         while self.entries.len() > keep {
@@ -164,13 +133,13 @@ impl Watermark {
     }
 
     /// The highest safe checkpoint, if any record has settled yet.
-    pub fn checkpoint(&self) -> Option<&Checkpoint> {
+    pub(crate) fn checkpoint(&self) -> Option<&Checkpoint> {
         self.checkpoint.as_ref()
     }
 
     /// Records tracked but not yet below the watermark (settled records
     /// waiting behind an unsettled one count too).
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.entries
             .iter()
             .filter(|e| matches!(e, Entry::Record { .. }))
@@ -178,12 +147,13 @@ impl Watermark {
     }
 
     /// Records tracked and not settled yet: read but not yet handled.
-    pub fn unsettled(&self) -> usize {
+    pub(crate) fn unsettled(&self) -> usize {
         self.unsettled
     }
 
     /// True when nothing tracked is left above the checkpoint.
-    pub fn is_drained(&self) -> bool {
+    #[cfg(test)]
+    fn is_drained(&self) -> bool {
         self.entries.is_empty()
     }
 }

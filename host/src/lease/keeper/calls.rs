@@ -6,15 +6,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::ids::{OwnerId, ShardId};
-use crate::kinesis::ShardInfo;
-use crate::lease::{HeldLease, Lease, LeaseError, LeaseStore};
-use crate::settlement::{Checkpoint, CheckpointRequest, SessionId};
+use crate::ids::{OwnerId, SessionId, ShardId};
+use crate::kinesis::{KinesisError, ShardInfo};
+use crate::lease::{Checkpoint, CheckpointRequest, HeldLease, Lease, LeaseError, LeaseStore};
 
 /// A store call's answer, back from its task.
 pub(super) enum Io {
     Listed {
-        shards: anyhow::Result<Vec<ShardInfo>>,
+        shards: Result<Vec<ShardInfo>, KinesisError>,
         leases: Result<Vec<Lease>, LeaseError>,
     },
     Acquired {

@@ -23,14 +23,14 @@ use crate::config::SubscriptionConfig;
 use crate::ids::LaneId;
 
 /// The target of every handler-call span.
-pub const TARGET: &str = "shardlane::otel";
+pub(crate) const TARGET: &str = "shardlane::otel";
 
 /// The value of `messaging.system` for Kinesis.
-pub const MESSAGING_SYSTEM: &str = "aws_kinesis";
+pub(crate) const MESSAGING_SYSTEM: &str = "aws_kinesis";
 
 /// The span around one GetRecords call of a shard's reader
 /// (`messaging.batch.message_count` is recorded when it returns).
-pub fn receive(sub: &SubscriptionConfig, shard: &str) -> Span {
+pub(crate) fn receive(sub: &SubscriptionConfig, shard: &str) -> Span {
     tracing::info_span!(
         target: TARGET,
         "receive",
@@ -47,7 +47,12 @@ pub fn receive(sub: &SubscriptionConfig, shard: &str) -> Span {
 }
 
 /// The span around one `handle` call.
-pub fn process(sub: &SubscriptionConfig, lane: LaneId, record: &Record, attempt: u32) -> Span {
+pub(crate) fn process(
+    sub: &SubscriptionConfig,
+    lane: LaneId,
+    record: &Record,
+    attempt: u32,
+) -> Span {
     tracing::info_span!(
         target: TARGET,
         "process",
@@ -66,7 +71,7 @@ pub fn process(sub: &SubscriptionConfig, lane: LaneId, record: &Record, attempt:
 }
 
 /// The span around one `handle-batch` call.
-pub fn process_batch(
+pub(crate) fn process_batch(
     sub: &SubscriptionConfig,
     lane: LaneId,
     records: &[(Arc<Record>, u32)],

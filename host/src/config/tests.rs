@@ -1,0 +1,315 @@
+//! Parsing and validation, key by key: every error names its key.
+
+use super::*;
+
+const MINIMAL: &str = r#"
+[[subscription]]
+name = "orders-audit"
+stream = "orders"
+plugin = "echo.wasm"
+"#;
+
+fn parse(text: &str) -> Result<Config, String> {
+    Config::parse(text, Path::new("test.toml")).map_err(|e| e.to_string())
+}
+
+#[test]
+fn minimal_config_takes_defaults() {
+    let config = parse(MINIMAL).unwrap();
+    let sub = &config.subscriptions[0];
+    assert_eq!(sub.name.as_str(), "orders-audit");
+    assert_eq!(sub.start, StartPosition::Latest);
+    assert_eq!(sub.poll_idle, defaults::POLL_IDLE);
+    assert_eq!(sub.checkpoint_every, defaults::CHECKPOINT_EVERY);
+    assert_eq!(
+        config.lease.store,
+        LeaseBackend::File {
+            path: PathBuf::from("shardlane-state")
+        },
+        "the file store is the default"
+    );
+}
+
+#[test]
+fn full_example_parses() {
+    let config = parse(
+        r#"
+[aws]
+region = "us-east-1"
+endpoint_url = "http://127.0.0.1:4568"
+
+[lease]
+store = "memory"
+
+[[subscription]]
+name = "a"
+stream = "orders"
+plugin = "a.wasm"
+start = "trim_horizon"
+poll_idle = "50ms"
+checkpoint_every = "2s"
+
+[[subscription]]
+name = "b"
+stream = "orders"
+plugin = "b.wasm"
+start = { at_timestamp = "2026-12-01T00:00:00Z" }
+"#,
+    )
+    .unwrap();
+    assert_eq!(config.subscriptions.len(), 2);
+    assert_eq!(config.subscriptions[0].start, StartPosition::TrimHorizon);
+    assert_eq!(config.subscriptions[0].poll_idle, Duration::from_millis(50));
+    assert!(matches!(
+        config.subscriptions[1].start,
+        StartPosition::AtTimestamp(_)
+    ));
+}
+
+#[test]
+fn unknown_key_is_named_on_one_line() {
+    let err = parse(&format!("{MINIMAL}colour = \"blue\"\n")).unwrap_err();
+    assert!(err.contains("subscription[0]"), "{err}");
+    assert!(err.contains("colour"), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+}
+
+#[test]
+fn unknown_top_level_table_is_named() {
+    let err = parse(&format!("[aws]\nregoin = \"x\"\n{MINIMAL}")).unwrap_err();
+    assert!(err.contains("regoin"), "{err}");
+    assert!(err.contains("line 2"), "{err}");
+}
+
+#[test]
+fn bad_duration_names_key_and_value() {
+    let err = parse(&format!("{MINIMAL}poll_idle = \"soon\"\n")).unwrap_err();
+    assert!(err.contains("subscription[0].poll_idle"), "{err}");
+    assert!(err.contains("\"soon\""), "{err}");
+}
+
+#[test]
+fn bad_start_is_named() {
+    let err = parse(&format!("{MINIMAL}start = \"beginning\"\n")).unwrap_err();
+    assert!(err.contains("subscription[0].start"), "{err}");
+    let err = parse(&format!(
+        "{MINIMAL}start = {{ at_timestamp = \"yesterday\" }}\n"
+    ))
+    .unwrap_err();
+    assert!(err.contains("start.at_timestamp"), "{err}");
+}
+
+#[test]
+fn duplicate_names_and_empty_config_are_refused() {
+    let err = parse(&format!("{MINIMAL}{MINIMAL}")).unwrap_err();
+    assert!(err.contains("subscription[1].name"), "{err}");
+    let err = parse("").unwrap_err();
+    assert!(err.contains("no [[subscription]]"), "{err}");
+}
+
+#[test]
+fn dispatch_modes_and_batches() {
+    let sub = |extra: &str| parse(&format!("{MINIMAL}{extra}")).map(|c| c.subscriptions[0].clone());
+    assert_eq!(sub("").unwrap().dispatch, DispatchMode::Sequential);
+    assert_eq!(
+        sub("workers = 4\n").unwrap().dispatch,
+        DispatchMode::Workers(4)
+    );
+    assert_eq!(
+        sub("workers = 4\nby_key = true\n").unwrap().dispatch,
+        DispatchMode::ByKey(4)
+    );
+    let batch = sub("batch_size = 100\n").unwrap().batch.unwrap();
+    assert_eq!(batch.size, 100);
+    assert_eq!(batch.window, defaults::BATCH_WINDOW);
+    let batch = sub("batch_size = 5\nbatch_window = \"2s\"\n")
+        .unwrap()
+        .batch
+        .unwrap();
+    assert_eq!(batch.window, Duration::from_secs(2));
+    assert_eq!(batch.max_bytes, defaults::MAX_BATCH_BYTES);
+    let batch = sub("batch_size = 5\nmax_batch_bytes = \"512KiB\"\n")
+        .unwrap()
+        .batch
+        .unwrap();
+    assert_eq!(batch.max_bytes, 512 << 10);
+    for bad in [
+        "max_batch_bytes = \"1MiB\"\n",
+        "batch_size = 5\nmax_batch_bytes = \"1B\"\n",
+        "batch_size = 5\nmax_batch_bytes = \"lots\"\n",
+        "batch_size = 5\nmax_memory = \"4MiB\"\nmax_batch_bytes = \"8MiB\"\n",
+    ] {
+        let err = sub(bad).unwrap_err();
+        assert!(
+            err.contains("subscription[0].max_batch_bytes"),
+            "{bad}: {err}"
+        );
+    }
+    assert!(
+        sub("by_key = true\n")
+            .unwrap_err()
+            .contains("subscription[0].by_key")
+    );
+    assert!(
+        sub("workers = 0\n")
+            .unwrap_err()
+            .contains("subscription[0].workers")
+    );
+    assert!(
+        sub("batch_size = 0\n")
+            .unwrap_err()
+            .contains("subscription[0].batch_size")
+    );
+    assert!(
+        sub("batch_window = \"1s\"\n")
+            .unwrap_err()
+            .contains("subscription[0].batch_window")
+    );
+}
+
+#[test]
+fn canary() {
+    let sub = |extra: &str| parse(&format!("{MINIMAL}{extra}")).map(|c| c.subscriptions[0].clone());
+    assert!(sub("").unwrap().canary.is_none());
+    let c = sub("canary = { plugin = \"next.wasm\", key_fraction = 0.1 }\n")
+        .unwrap()
+        .canary
+        .unwrap();
+    assert_eq!(c.plugin, PathBuf::from("next.wasm"));
+    assert_eq!(c.slice.fraction(), 0.1);
+    for bad in ["0", "1.5", "-0.2"] {
+        let err = sub(&format!(
+            "canary = {{ plugin = \"n.wasm\", key_fraction = {bad} }}\n"
+        ))
+        .unwrap_err();
+        assert!(err.contains("subscription[0].canary.key_fraction"), "{err}");
+    }
+    let err = sub("canary = { plugin = \"n.wasm\" }\n").unwrap_err();
+    assert!(err.contains("key_fraction"), "{err}");
+}
+
+#[test]
+fn engine_pool_size() {
+    assert_eq!(
+        parse(MINIMAL).unwrap().max_core_instances,
+        defaults::MAX_CORE_INSTANCES
+    );
+    let with = |n: &str| parse(&format!("[engine]\nmax_core_instances = {n}\n{MINIMAL}"));
+    assert_eq!(with("200").unwrap().max_core_instances, 200);
+    for bad in ["0", "-3", "100000"] {
+        let err = with(bad).unwrap_err();
+        assert!(err.contains("engine.max_core_instances"), "{err}");
+        assert!(err.contains("out of range"), "{err}");
+    }
+}
+
+#[test]
+fn failure_policy_and_sandbox() {
+    let sub = |extra: &str| parse(&format!("{MINIMAL}{extra}")).map(|c| c.subscriptions[0].clone());
+    let d = sub("").unwrap();
+    assert_eq!(d.failure.on_failure, OnFailure::Block);
+    assert_eq!(d.failure.max_attempts, None);
+    assert_eq!(d.sandbox.max_memory, defaults::MAX_MEMORY);
+    let s = sub("on_failure = \"dead_letter\"\ndead_letter_stream = \"dlq\"\nmax_attempts = 3\nmax_record_age = \"1h\"\nmax_memory = \"64MiB\"\nfuel = 1000000\n").unwrap();
+    assert_eq!(s.failure.on_failure, OnFailure::DeadLetter("dlq".into()));
+    assert_eq!(s.failure.max_attempts, Some(3));
+    assert_eq!(s.failure.max_record_age, Some(Duration::from_secs(3600)));
+    assert_eq!(s.sandbox.max_memory, 64 << 20);
+    assert_eq!(s.sandbox.fuel, Some(1_000_000));
+    assert_eq!(
+        sub("max_attempts = -1\n").unwrap().failure.max_attempts,
+        None
+    );
+    assert!(
+        sub("on_failure = \"dead_letter\"\n")
+            .unwrap_err()
+            .contains("subscription[0].dead_letter_stream")
+    );
+    assert!(
+        sub("dead_letter_stream = \"x\"\n")
+            .unwrap_err()
+            .contains("subscription[0].dead_letter_stream")
+    );
+    assert!(
+        sub("on_failure = \"explode\"\n")
+            .unwrap_err()
+            .contains("on_failure")
+    );
+    assert!(
+        sub("max_memory = \"lots\"\n")
+            .unwrap_err()
+            .contains("subscription[0].max_memory")
+    );
+    assert!(
+        sub("max_attempts = 0\n")
+            .unwrap_err()
+            .contains("subscription[0].max_attempts")
+    );
+    assert!(
+        sub("bisect_on_error = true\n")
+            .unwrap_err()
+            .contains("subscription[0].bisect_on_error")
+    );
+    assert!(
+        sub("env = [\"SHARDLANE_SURELY_UNSET_VARIABLE\"]\n")
+            .unwrap_err()
+            .contains("subscription[0].env")
+    );
+    assert!(
+        sub("preopen = { host = \"/nonexistent-dir\", guest = \"/data\" }\n")
+            .unwrap_err()
+            .contains("subscription[0].preopen.host")
+    );
+}
+
+#[test]
+fn sizes() {
+    assert_eq!(parse_size("64MiB"), Some(64 << 20));
+    assert_eq!(parse_size("1GiB"), Some(1 << 30));
+    assert_eq!(parse_size("512KiB"), Some(512 << 10));
+    assert_eq!(parse_size("100MB"), Some(100_000_000));
+    assert_eq!(parse_size("4096"), Some(4096));
+    assert_eq!(parse_size("MiB"), None);
+    assert_eq!(parse_size("12 parsecs"), None);
+}
+
+#[test]
+fn lease_stores() {
+    let lease = |text: &str| parse(&format!("[lease]\n{text}\n{MINIMAL}")).map(|c| c.lease.store);
+    assert_eq!(lease("store = \"memory\"").unwrap(), LeaseBackend::Memory);
+    assert_eq!(
+        lease("store = \"file\"\npath = \"/var/lib/x\"").unwrap(),
+        LeaseBackend::File {
+            path: "/var/lib/x".into()
+        }
+    );
+    assert_eq!(
+        lease("store = \"dynamodb\"\ntable = \"leases\"\ncreate_table = true").unwrap(),
+        LeaseBackend::DynamoDb {
+            table: "leases".into(),
+            create_table: true
+        }
+    );
+    assert!(
+        lease("store = \"dynamodb\"")
+            .unwrap_err()
+            .contains("lease.table")
+    );
+    assert!(
+        lease("store = \"memory\"\ntable = \"t\"")
+            .unwrap_err()
+            .contains("lease.table")
+    );
+    assert!(
+        lease("store = \"dynamodb\"\ntable = \"t\"\npath = \"p\"")
+            .unwrap_err()
+            .contains("lease.path")
+    );
+}
+
+#[test]
+fn unknown_lease_store_is_named() {
+    let err = parse(&format!("[lease]\nstore = \"etcd\"\n{MINIMAL}")).unwrap_err();
+    assert!(err.contains("lease.store"), "{err}");
+    assert!(err.contains("etcd"), "{err}");
+}

@@ -1,0 +1,653 @@
+//! Validation: the file as written ([`super::raw`]) into the typed
+//! [`Config`], one small check per section and key, each error one line
+//! naming the file and the key.
+//!
+//! Sections are checked in the order an operator reads the file's effects:
+//! `[lease]`, each `[[subscription]]` (its reading, dispatch, batches,
+//! failure policy, sandbox and canary), `[admin]`, `[engine]`, `[aws]`; the
+//! first bad key stops validation.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::raw::{
+    RawAdmin, RawAws, RawBackoff, RawCanary, RawConfig, RawEngine, RawLease, RawOnFailure,
+    RawPreopen, RawStart, RawSubscription,
+};
+use super::{
+    AdminConfig, AwsConfig, AwsTimeouts, BatchConfig, CanaryConfig, Config, ConfigError,
+    DispatchMode, FailurePolicy, LeaseBackend, LeaseConfig, LeaseStoreKind, OnFailure, Preopen,
+    SandboxConfig, StartPosition, SubscriptionConfig, default_cache_dir, defaults, parse_size,
+};
+use crate::ids::{StreamName, SubscriptionName};
+use crate::swap::KeySlice;
+
+/// Validates one file's raw config.
+pub(super) struct Validator<'a> {
+    pub(super) file: &'a Path,
+}
+
+/// The compile cache folder and pool size of `[engine]`.
+type Engine = (Option<PathBuf>, u32);
+
+impl Validator<'_> {
+    fn invalid(&self, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.to_owned(),
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The whole config, section by section (module docs).
+    pub(super) fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+        let lease = self.lease(&raw.lease)?;
+        let subscriptions = self.subscriptions(raw.subscriptions)?;
+        let admin = self.admin(raw.admin)?;
+        let (compile_cache, max_core_instances) = self.engine(&raw.engine)?;
+        let aws = self.aws(raw.aws)?;
+        Ok(Config {
+            compile_cache,
+            max_core_instances,
+            admin,
+            aws,
+            lease,
+            subscriptions,
+        })
+    }
+
+    // ---- values
+
+    fn duration(
+        &self,
+        key: &str,
+        value: Option<&str>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        let Some(value) = value else {
+            return Ok(default);
+        };
+        let parsed = humantime::parse_duration(value).map_err(|e| {
+            self.invalid(
+                key,
+                format!("{value:?} is not a duration ({e}); write e.g. \"200ms\", \"5s\", \"1m\""),
+            )
+        })?;
+        if parsed.is_zero() {
+            return Err(self.invalid(key, format!("{value:?} must be longer than zero")));
+        }
+        Ok(parsed)
+    }
+
+    /// A size of at least `min` bytes (`min_text` in words), or `default`;
+    /// `example` shows how to write one.
+    fn size(
+        &self,
+        key: &str,
+        value: Option<&str>,
+        default: usize,
+        (min, min_text): (usize, &str),
+        example: &str,
+    ) -> Result<usize, ConfigError> {
+        let Some(text) = value else {
+            return Ok(default);
+        };
+        match parse_size(text) {
+            Some(bytes) if bytes >= min => Ok(bytes),
+            Some(_) => {
+                Err(self.invalid(key, format!("{text:?} is too small: at least {min_text}")))
+            }
+            None => Err(self.invalid(key, format!("{text:?} is not a size; write e.g. {example}"))),
+        }
+    }
+
+    /// An integer in `range`, or `default`; `describe` says the range.
+    fn count(
+        &self,
+        key: &str,
+        value: Option<i64>,
+        default: u32,
+        range: std::ops::RangeInclusive<i64>,
+        describe: &str,
+    ) -> Result<u32, ConfigError> {
+        match value {
+            None => Ok(default),
+            Some(n) if range.contains(&n) => Ok(n as u32),
+            Some(n) => Err(self.invalid(key, format!("{n} is out of range: {describe}"))),
+        }
+    }
+
+    // ---- [lease]
+
+    fn lease(&self, raw: &RawLease) -> Result<LeaseConfig, ConfigError> {
+        let store = self.lease_store(raw)?;
+        if raw.owner_id.as_deref().is_some_and(|o| o.trim().is_empty()) {
+            return Err(self.invalid("lease.owner_id", "must not be empty"));
+        }
+        let lease = LeaseConfig {
+            store,
+            owner_id: raw.owner_id.clone(),
+            lease_duration: self.duration(
+                "lease.lease_duration",
+                raw.lease_duration.as_deref(),
+                defaults::LEASE_DURATION,
+            )?,
+            renew_every: self.duration(
+                "lease.renew_every",
+                raw.renew_every.as_deref(),
+                defaults::RENEW_EVERY,
+            )?,
+            shard_sync_every: self.duration(
+                "lease.shard_sync_every",
+                raw.shard_sync_every.as_deref(),
+                defaults::SHARD_SYNC_EVERY,
+            )?,
+        };
+        if lease.renew_every >= lease.lease_duration {
+            return Err(self.invalid(
+                "lease.renew_every",
+                format!(
+                    "must be shorter than lease.lease_duration ({}), or leases lapse between renewals",
+                    humantime::format_duration(lease.lease_duration)
+                ),
+            ));
+        }
+        Ok(lease)
+    }
+
+    /// `store` and the keys that belong to it (and only to it).
+    fn lease_store(&self, raw: &RawLease) -> Result<LeaseBackend, ConfigError> {
+        let store = match raw.store.unwrap_or(LeaseStoreKind::File) {
+            LeaseStoreKind::Memory => LeaseBackend::Memory,
+            LeaseStoreKind::File => LeaseBackend::File {
+                path: raw
+                    .path
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(defaults::FILE_STORE_PATH)),
+            },
+            LeaseStoreKind::Dynamodb => match raw.table.clone() {
+                Some(table) if !table.trim().is_empty() => LeaseBackend::DynamoDb {
+                    table,
+                    create_table: raw.create_table.unwrap_or(false),
+                },
+                _ => {
+                    return Err(
+                        self.invalid("lease.table", "store = \"dynamodb\" needs the table's name")
+                    );
+                }
+            },
+        };
+        if raw.path.is_some() && !matches!(store, LeaseBackend::File { .. }) {
+            return Err(self.invalid("lease.path", "only applies to store = \"file\""));
+        }
+        if (raw.table.is_some() || raw.create_table.is_some())
+            && !matches!(store, LeaseBackend::DynamoDb { .. })
+        {
+            let key = if raw.table.is_some() {
+                "lease.table"
+            } else {
+                "lease.create_table"
+            };
+            return Err(self.invalid(key, "only applies to store = \"dynamodb\""));
+        }
+        Ok(store)
+    }
+
+    // ---- [[subscription]]
+
+    fn subscriptions(
+        &self,
+        raw: Vec<RawSubscription>,
+    ) -> Result<Vec<SubscriptionConfig>, ConfigError> {
+        if raw.is_empty() {
+            return Err(self.invalid(
+                "subscription",
+                "no [[subscription]] block: there is nothing to run",
+            ));
+        }
+        let mut names = HashSet::new();
+        let mut subscriptions = Vec::with_capacity(raw.len());
+        for (i, sub) in raw.into_iter().enumerate() {
+            let at = Subscription { v: self, i };
+            if sub.name.trim().is_empty() {
+                return Err(at.invalid("name", "must not be empty"));
+            }
+            if !names.insert(sub.name.clone()) {
+                return Err(at.invalid(
+                    "name",
+                    format!(
+                        "{:?} is used by another subscription; names key leases and must be unique",
+                        sub.name
+                    ),
+                ));
+            }
+            subscriptions.push(at.check(sub)?);
+        }
+        Ok(subscriptions)
+    }
+
+    // ---- [admin], [engine], [aws]
+
+    fn admin(&self, raw: RawAdmin) -> Result<AdminConfig, ConfigError> {
+        let listen = match raw.listen.as_deref().unwrap_or(defaults::ADMIN_LISTEN) {
+            "off" => None,
+            addr => Some(addr.parse().map_err(|e| {
+                self.invalid(
+                    "admin.listen",
+                    format!("{addr:?} is not an address like \"127.0.0.1:9090\" or \"off\" ({e})"),
+                )
+            })?),
+        };
+        let token = raw
+            .token
+            .or_else(|| std::env::var("SHARDLANE_ADMIN_TOKEN").ok())
+            .filter(|t| !t.trim().is_empty());
+        Ok(AdminConfig { listen, token })
+    }
+
+    fn engine(&self, raw: &RawEngine) -> Result<Engine, ConfigError> {
+        let compile_cache = match raw.cache_dir.as_deref() {
+            Some("off") => None,
+            Some(dir) => Some(PathBuf::from(dir)),
+            None => default_cache_dir(),
+        };
+        let max_core_instances = self.count(
+            "engine.max_core_instances",
+            raw.max_core_instances,
+            defaults::MAX_CORE_INSTANCES,
+            1..=i64::from(defaults::MAX_CORE_INSTANCES_LIMIT),
+            &format!("1 to {}", defaults::MAX_CORE_INSTANCES_LIMIT),
+        )?;
+        Ok((compile_cache, max_core_instances))
+    }
+
+    fn aws(&self, raw: RawAws) -> Result<AwsConfig, ConfigError> {
+        Ok(AwsConfig {
+            timeouts: self.aws_timeouts(&raw)?,
+            region: raw.region,
+            endpoint_url: raw.endpoint_url,
+            dynamodb_endpoint_url: raw.dynamodb_endpoint_url,
+        })
+    }
+
+    /// `[aws]`'s deadlines: each within the next (connect and read within
+    /// an attempt, an attempt within a call).
+    fn aws_timeouts(&self, raw: &RawAws) -> Result<AwsTimeouts, ConfigError> {
+        let t = AwsTimeouts {
+            connect: self.duration(
+                "aws.connect_timeout",
+                raw.connect_timeout.as_deref(),
+                defaults::CONNECT_TIMEOUT,
+            )?,
+            read: self.duration(
+                "aws.read_timeout",
+                raw.read_timeout.as_deref(),
+                defaults::READ_TIMEOUT,
+            )?,
+            attempt: self.duration(
+                "aws.attempt_timeout",
+                raw.attempt_timeout.as_deref(),
+                defaults::ATTEMPT_TIMEOUT,
+            )?,
+            call: self.duration(
+                "aws.call_timeout",
+                raw.call_timeout.as_deref(),
+                defaults::CALL_TIMEOUT,
+            )?,
+        };
+        let within = [
+            (
+                "aws.connect_timeout",
+                t.connect,
+                "aws.attempt_timeout",
+                t.attempt,
+            ),
+            ("aws.read_timeout", t.read, "aws.attempt_timeout", t.attempt),
+            ("aws.attempt_timeout", t.attempt, "aws.call_timeout", t.call),
+        ];
+        for (key, value, outer, limit) in within {
+            if value > limit {
+                return Err(self.invalid(
+                    key,
+                    format!(
+                        "{} is longer than {outer} ({}), which would cut it short",
+                        humantime::format_duration(value),
+                        humantime::format_duration(limit)
+                    ),
+                ));
+            }
+        }
+        Ok(t)
+    }
+}
+
+/// The checks of `subscription[i]`, each naming its key under that prefix.
+struct Subscription<'a, 'f> {
+    v: &'a Validator<'f>,
+    i: usize,
+}
+
+impl Subscription<'_, '_> {
+    fn at(&self, key: &str) -> String {
+        format!("subscription[{}].{key}", self.i)
+    }
+
+    fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        self.v.invalid(self.at(key), message)
+    }
+
+    fn duration(
+        &self,
+        key: &str,
+        value: Option<&str>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        self.v.duration(&self.at(key), value, default)
+    }
+
+    /// Everything but the name (checked against the other subscriptions'
+    /// first).
+    fn check(&self, sub: RawSubscription) -> Result<SubscriptionConfig, ConfigError> {
+        if sub.stream.trim().is_empty() {
+            return Err(self.invalid("stream", "must not be empty"));
+        }
+        let start = self.start(sub.start.as_ref())?;
+        let read_limit = self.read_limit(sub.read_limit)?;
+        let (retry_backoff_initial, retry_backoff_max) =
+            self.retry_backoff(sub.retry_backoff.as_ref())?;
+        let dispatch = self.dispatch(sub.workers, sub.by_key)?;
+        let batch = self.batch(&sub)?;
+        let failure = self.failure(&sub, batch.is_some())?;
+        let sandbox = self.sandbox(&sub, batch)?;
+        let canary = self.canary(sub.canary.as_ref())?;
+        Ok(SubscriptionConfig {
+            canary,
+            failure,
+            sandbox,
+            dispatch,
+            batch,
+            name: SubscriptionName::new(sub.name),
+            stream: StreamName::new(sub.stream),
+            plugin: sub.plugin,
+            start,
+            poll_idle: self.duration("poll_idle", sub.poll_idle.as_deref(), defaults::POLL_IDLE)?,
+            checkpoint_every: self.duration(
+                "checkpoint_every",
+                sub.checkpoint_every.as_deref(),
+                defaults::CHECKPOINT_EVERY,
+            )?,
+            read_limit,
+            handler_timeout: self.duration(
+                "handler_timeout",
+                sub.handler_timeout.as_deref(),
+                defaults::HANDLER_TIMEOUT,
+            )?,
+            retry_backoff_initial,
+            retry_backoff_max,
+            shutdown_timeout: self.duration(
+                "shutdown_timeout",
+                sub.shutdown_timeout.as_deref(),
+                defaults::SHUTDOWN_TIMEOUT,
+            )?,
+        })
+    }
+
+    fn start(&self, start: Option<&RawStart>) -> Result<StartPosition, ConfigError> {
+        Ok(match start {
+            None => StartPosition::Latest,
+            Some(RawStart::Named(name)) => match name.as_str() {
+                "latest" => StartPosition::Latest,
+                "trim_horizon" => StartPosition::TrimHorizon,
+                other => {
+                    return Err(self.invalid(
+                        "start",
+                        format!(
+                            "{other:?} is not a start position; use \"latest\", \"trim_horizon\" or {{ at_timestamp = \"2026-12-01T00:00:00Z\" }}"
+                        ),
+                    ));
+                }
+            },
+            Some(RawStart::Table(table)) => {
+                let ts = humantime::parse_rfc3339_weak(&table.at_timestamp).map_err(|e| {
+                    self.invalid(
+                        "start.at_timestamp",
+                        format!("{:?} is not an RFC 3339 time ({e})", table.at_timestamp),
+                    )
+                })?;
+                StartPosition::AtTimestamp(ts)
+            }
+        })
+    }
+
+    fn read_limit(&self, read_limit: Option<i64>) -> Result<i32, ConfigError> {
+        match read_limit {
+            None => Ok(defaults::READ_LIMIT),
+            Some(n @ 1..=10_000) => Ok(n as i32),
+            Some(n) => Err(self.invalid(
+                "read_limit",
+                format!("{n} is out of range: GetRecords takes 1 to 10000"),
+            )),
+        }
+    }
+
+    fn retry_backoff(
+        &self,
+        backoff: Option<&RawBackoff>,
+    ) -> Result<(Duration, Duration), ConfigError> {
+        let (initial, max) =
+            backoff.map_or((None, None), |b| (b.initial.as_deref(), b.max.as_deref()));
+        let initial = self.duration(
+            "retry_backoff.initial",
+            initial,
+            defaults::RETRY_BACKOFF_INITIAL,
+        )?;
+        let max = self.duration("retry_backoff.max", max, defaults::RETRY_BACKOFF_MAX)?;
+        if max < initial {
+            return Err(self.invalid(
+                "retry_backoff.max",
+                "must not be shorter than retry_backoff.initial",
+            ));
+        }
+        Ok((initial, max))
+    }
+
+    fn dispatch(
+        &self,
+        workers: Option<i64>,
+        by_key: Option<bool>,
+    ) -> Result<DispatchMode, ConfigError> {
+        match (workers, by_key.unwrap_or(false)) {
+            (None, false) => Ok(DispatchMode::Sequential),
+            (None, true) => Err(self.invalid(
+                "by_key",
+                "needs `workers`: by_key spreads keys over `workers` lanes",
+            )),
+            (Some(n @ 1..=defaults::MAX_WORKERS), true) => Ok(DispatchMode::ByKey(n as usize)),
+            (Some(n @ 1..=defaults::MAX_WORKERS), false) => Ok(DispatchMode::Workers(n as usize)),
+            (Some(n), _) => Err(self.invalid(
+                "workers",
+                format!("{n} is out of range: 1 to {}", defaults::MAX_WORKERS),
+            )),
+        }
+    }
+
+    fn batch(&self, sub: &RawSubscription) -> Result<Option<BatchConfig>, ConfigError> {
+        if sub.batch_size.is_none() && sub.max_batch_bytes.is_some() {
+            return Err(self.invalid(
+                "max_batch_bytes",
+                "needs `batch_size`: the byte limit only applies to batches",
+            ));
+        }
+        match (sub.batch_size, &sub.batch_window) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(self.invalid(
+                "batch_window",
+                "needs `batch_size`: the window only applies to batches",
+            )),
+            (Some(size @ 1..=defaults::MAX_BATCH_SIZE), window) => Ok(Some(BatchConfig {
+                size: size as usize,
+                max_bytes: self.v.size(
+                    &self.at("max_batch_bytes"),
+                    sub.max_batch_bytes.as_deref(),
+                    defaults::MAX_BATCH_BYTES,
+                    (1 << 10, "1KiB"),
+                    "\"6MiB\", \"512KiB\"",
+                )?,
+                window: self.duration("batch_window", window.as_deref(), defaults::BATCH_WINDOW)?,
+            })),
+            (Some(size), _) => Err(self.invalid(
+                "batch_size",
+                format!("{size} is out of range: 1 to {}", defaults::MAX_BATCH_SIZE),
+            )),
+        }
+    }
+
+    fn failure(&self, sub: &RawSubscription, batches: bool) -> Result<FailurePolicy, ConfigError> {
+        let on_failure = match (
+            sub.on_failure.unwrap_or(RawOnFailure::Block),
+            &sub.dead_letter_stream,
+        ) {
+            (RawOnFailure::DeadLetter, Some(stream)) if !stream.trim().is_empty() => {
+                OnFailure::DeadLetter(StreamName::new(stream.as_str()))
+            }
+            (RawOnFailure::DeadLetter, _) => {
+                return Err(self.invalid(
+                    "dead_letter_stream",
+                    "on_failure = \"dead_letter\" needs the stream to put failed records to",
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(self.invalid(
+                    "dead_letter_stream",
+                    "only applies with on_failure = \"dead_letter\"",
+                ));
+            }
+            (RawOnFailure::Block, None) => OnFailure::Block,
+            (RawOnFailure::Skip, None) => OnFailure::Skip,
+        };
+        let max_attempts = match sub.max_attempts {
+            None | Some(-1) => None,
+            Some(n @ 1..=1_000_000) => Some(n as u32),
+            Some(n) => {
+                return Err(self.invalid(
+                    "max_attempts",
+                    format!("{n} is out of range: 1 to 1000000, or -1 for unlimited"),
+                ));
+            }
+        };
+        let failure = FailurePolicy {
+            max_attempts,
+            max_record_age: match sub.max_record_age.as_deref() {
+                None => None,
+                Some(age) => Some(self.duration("max_record_age", Some(age), Duration::ZERO)?),
+            },
+            on_failure,
+            bisect_on_error: sub.bisect_on_error.unwrap_or(false),
+        };
+        if failure.bisect_on_error && !batches {
+            return Err(self.invalid(
+                "bisect_on_error",
+                "only applies to batches (set batch_size)",
+            ));
+        }
+        Ok(failure)
+    }
+
+    fn sandbox(
+        &self,
+        sub: &RawSubscription,
+        batch: Option<BatchConfig>,
+    ) -> Result<SandboxConfig, ConfigError> {
+        let max_memory = self.v.size(
+            &self.at("max_memory"),
+            sub.max_memory.as_deref(),
+            defaults::MAX_MEMORY,
+            (1 << 20, "1MiB"),
+            "\"64MiB\", \"1GiB\"",
+        )?;
+        // A batch set to exceed the guest's whole memory can never be
+        // lowered into it. (The default limit may: such batches split when
+        // lowering fails, see dispatch.)
+        if let (Some(b), Some(text)) = (batch, sub.max_batch_bytes.as_deref())
+            && b.max_bytes > max_memory
+        {
+            return Err(self.invalid(
+                "max_batch_bytes",
+                format!(
+                    "{text:?} exceeds max_memory ({max_memory} bytes): such a batch cannot be lowered into the guest"
+                ),
+            ));
+        }
+        let fuel = match sub.fuel {
+            None => None,
+            Some(n) if n > 0 => Some(n as u64),
+            Some(n) => return Err(self.invalid("fuel", format!("{n} must be positive"))),
+        };
+        let mut env = Vec::new();
+        for name in sub.env.clone().unwrap_or_default() {
+            match std::env::var(&name) {
+                Ok(value) => env.push((name, value)),
+                Err(_) => {
+                    return Err(self.invalid(
+                        "env",
+                        format!("{name:?} is not set in the host's environment"),
+                    ));
+                }
+            }
+        }
+        let preopen = match &sub.preopen {
+            None => None,
+            Some(p) => Some(self.preopen(p)?),
+        };
+        let log_rate = self.v.count(
+            &self.at("log_rate"),
+            sub.log_rate,
+            defaults::LOG_RATE,
+            1..=1_000_000,
+            "1 to 1000000",
+        )?;
+        Ok(SandboxConfig {
+            max_memory,
+            fuel,
+            env,
+            preopen,
+            log_rate,
+        })
+    }
+
+    fn preopen(&self, p: &RawPreopen) -> Result<Preopen, ConfigError> {
+        if !p.host.is_dir() {
+            return Err(self.invalid(
+                "preopen.host",
+                format!("{} is not a directory", p.host.display()),
+            ));
+        }
+        if !p.guest.starts_with('/') {
+            return Err(self.invalid("preopen.guest", "must be an absolute path, e.g. \"/data\""));
+        }
+        Ok(Preopen {
+            host: p.host.clone(),
+            guest: p.guest.clone(),
+        })
+    }
+
+    fn canary(&self, canary: Option<&RawCanary>) -> Result<Option<CanaryConfig>, ConfigError> {
+        let Some(c) = canary else {
+            return Ok(None);
+        };
+        let slice = KeySlice::new(c.key_fraction).ok_or_else(|| {
+            self.invalid(
+                "canary.key_fraction",
+                format!(
+                    "{} is out of range: more than 0 (at least 0.000001), at most 1",
+                    c.key_fraction
+                ),
+            )
+        })?;
+        Ok(Some(CanaryConfig {
+            plugin: c.plugin.clone(),
+            slice,
+        }))
+    }
+}

@@ -1,0 +1,113 @@
+//! The dispatch seam: what a lane calls, in dispatch's own terms.
+//!
+//! A lane owns one [`Handler`] and asks its [`HandlerFactory`] for a fresh
+//! one when it has none (at start, after a trap or timeout, after a swap).
+//! The seam speaks only these types — an [`Outcome`] per record, or a
+//! [`CallError`] for a call that gave none — so the plugin stage implements
+//! it for Wasm instances ([`crate::plugin`], [`crate::swap`]), the dispatch
+//! benchmark for a native no-op, and the lane's unit tests for a scripted
+//! native handler, none of them needing the others.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::channel::Record;
+use crate::ids::{LaneId, PluginDigest};
+
+/// What a handler says about one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Handled: the record settles.
+    Ack,
+    /// Not now: the same record again, after a backoff (an attempt).
+    Retry(String),
+    /// Never: the record settles by the failure policy (skipped or
+    /// dead-lettered).
+    Reject(String),
+}
+
+/// Why one handler call did not return an outcome.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The guest trapped (panic, unreachable, out of bounds...).
+    #[error("guest trapped: {0}")]
+    Trap(String),
+    /// The guest (or the host lowering a call's arguments into it) needed
+    /// more memory than `max_memory` allows; like a trap otherwise, but a
+    /// batch that fails so is halved rather than retried whole.
+    #[error("guest out of memory (max_memory): {0}")]
+    OutOfMemory(String),
+    /// The call ran past `handler_timeout` and was interrupted.
+    #[error("guest call timed out after {0:?}")]
+    Timeout(Duration),
+    /// A batch call returned the wrong number of outcomes.
+    #[error("guest returned {got} outcomes for a batch of {want}")]
+    WrongOutcomeCount {
+        /// Outcomes returned.
+        got: usize,
+        /// Records in the batch.
+        want: usize,
+    },
+    /// The instance implements the other world (`record-handler` for a
+    /// batch call, or the reverse).
+    #[error("plugin implements {implements}, not the world this call needs")]
+    WrongWorld {
+        /// The world it implements.
+        implements: &'static str,
+    },
+}
+
+impl CallError {
+    /// True when the instance cannot be called again (a trapped component
+    /// cannot be re-entered; a timed-out call was cut mid-way): the lane
+    /// drops it and makes a fresh one.
+    pub fn spoils_instance(&self) -> bool {
+        !matches!(self, CallError::WrongOutcomeCount { .. })
+    }
+}
+
+/// One handler instance, owned by one lane.
+pub trait Handler: Send + 'static {
+    /// Handles one record, on its `attempt`-th delivery.
+    fn handle(
+        &mut self,
+        record: &Arc<Record>,
+        attempt: u32,
+    ) -> impl Future<Output = Result<Outcome, CallError>> + Send;
+
+    /// Handles a batch; one outcome per record, in order.
+    fn handle_batch(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+    ) -> impl Future<Output = Result<Vec<Outcome>, CallError>> + Send;
+
+    /// The plugin version that handles `record` in this instance (with a
+    /// canary it depends on the key); named in dead-letter envelopes.
+    /// `None` for a handler that is not a plugin.
+    fn version(&self, _record: &Record) -> Option<PluginDigest> {
+        None
+    }
+}
+
+/// Makes handler instances: one per lane, and a fresh one after a trap.
+pub trait HandlerFactory: Send + Sync + 'static {
+    /// The instances it makes.
+    type Handler: Handler;
+    /// Why it could not make one (the lane logs it and tries again).
+    type Error: fmt::Display + Send;
+
+    /// A fresh instance for `lane`.
+    fn create(
+        &self,
+        lane: LaneId,
+    ) -> impl Future<Output = Result<Self::Handler, Self::Error>> + Send;
+
+    /// Which plugin version `create` makes now; a lane whose instance is of
+    /// an older generation drops it at its next record or batch boundary
+    /// (hot-swap). Constant for a factory that never changes.
+    fn generation(&self) -> u64 {
+        0
+    }
+}

@@ -1,0 +1,617 @@
+//! The lane driven by a scripted native handler: retries in place, rejects
+//! to a dead-letter sink, giving up by attempts and by age, blocking,
+//! recycling, bisecting and halving batches, following swaps. Time is
+//! paused, so backoffs cost nothing.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{Lane, LaneMetrics};
+use crate::channel::{Delivery, Record};
+use crate::config::{Config, FailurePolicy, OnFailure, SubscriptionConfig};
+use crate::dispatch::{CallError, Handler, HandlerFactory, Outcome};
+use crate::failure::{DeadLetterSink, LastFailure, Policy, Put};
+use crate::ids::{
+    LaneId, PartitionKey, PluginDigest, SequenceNumber, SessionId, ShardId, StreamName,
+};
+use crate::kinesis::KinesisError;
+use crate::settlement::{SettlementMsg, Ticket};
+use crate::telemetry::Telemetry;
+
+/// One scripted answer; when the script runs out, everything is acked.
+enum Step {
+    One(Result<Outcome, CallError>),
+    Batch(Result<Vec<Outcome>, CallError>),
+}
+
+/// One call as the handler saw it: `(offset, attempt)` per record, and the
+/// instance that took it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Call {
+    records: Vec<(u64, u32)>,
+    instance: usize,
+}
+
+#[derive(Default)]
+struct Script {
+    steps: Mutex<VecDeque<Step>>,
+    calls: Mutex<Vec<Call>>,
+    instances: AtomicUsize,
+    generation: AtomicU64,
+}
+
+impl Script {
+    fn new(steps: impl IntoIterator<Item = Step>) -> Arc<Self> {
+        Arc::new(Self {
+            steps: Mutex::new(steps.into_iter().collect()),
+            ..Self::default()
+        })
+    }
+
+    fn next(&self) -> Option<Step> {
+        self.steps.lock().unwrap().pop_front()
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+struct Scripted {
+    script: Arc<Script>,
+    instance: usize,
+}
+
+impl Handler for Scripted {
+    async fn handle(&mut self, record: &Arc<Record>, attempt: u32) -> Result<Outcome, CallError> {
+        self.script.calls.lock().unwrap().push(Call {
+            records: vec![(offset_of(record), attempt)],
+            instance: self.instance,
+        });
+        match self.script.next() {
+            None => Ok(Outcome::Ack),
+            Some(Step::One(answer)) => answer,
+            Some(Step::Batch(_)) => panic!("a batch answer scripted for a record call"),
+        }
+    }
+
+    async fn handle_batch(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+    ) -> Result<Vec<Outcome>, CallError> {
+        self.script.calls.lock().unwrap().push(Call {
+            records: records.iter().map(|(r, a)| (offset_of(r), *a)).collect(),
+            instance: self.instance,
+        });
+        match self.script.next() {
+            None => Ok(records.iter().map(|_| Outcome::Ack).collect()),
+            Some(Step::Batch(answer)) => answer,
+            Some(Step::One(_)) => panic!("a record answer scripted for a batch call"),
+        }
+    }
+
+    fn version(&self, _record: &Record) -> Option<PluginDigest> {
+        Some(PluginDigest::of(format!("v{}", self.instance).as_bytes()))
+    }
+}
+
+struct Factory(Arc<Script>);
+
+impl HandlerFactory for Factory {
+    type Handler = Scripted;
+    type Error = String;
+
+    async fn create(&self, _lane: LaneId) -> Result<Scripted, String> {
+        Ok(Scripted {
+            script: self.0.clone(),
+            instance: self.0.instances.fetch_add(1, Ordering::SeqCst),
+        })
+    }
+
+    fn generation(&self) -> u64 {
+        self.0.generation.load(Ordering::SeqCst)
+    }
+}
+
+/// A dead-letter stream that refuses the first `refuse` puts.
+struct Sink {
+    stream: StreamName,
+    refuse: AtomicUsize,
+    /// `(offset, reason, attempts)` of every put that landed.
+    puts: Mutex<Vec<(u64, String, u32)>>,
+    tries: AtomicUsize,
+}
+
+impl Sink {
+    fn new(stream: &str, refuse: usize) -> Arc<Self> {
+        Arc::new(Self {
+            stream: StreamName::from(stream),
+            refuse: AtomicUsize::new(refuse),
+            puts: Mutex::new(Vec::new()),
+            tries: AtomicUsize::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl DeadLetterSink for Sink {
+    fn stream(&self) -> &StreamName {
+        &self.stream
+    }
+
+    async fn put(&self, record: &Record, failure: LastFailure<'_>) -> Result<Put, KinesisError> {
+        self.tries.fetch_add(1, Ordering::SeqCst);
+        if self
+            .refuse
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(KinesisError::Throttled("scripted".into()));
+        }
+        self.puts.lock().unwrap().push((
+            offset_of(record),
+            failure.reason.to_owned(),
+            failure.attempts,
+        ));
+        Ok(Put {
+            sequence: "1".into(),
+            data_omitted: false,
+        })
+    }
+}
+
+fn offset_of(record: &Record) -> u64 {
+    record.sequence.as_str().parse::<u64>().unwrap() - 1000
+}
+
+/// A subscription as the config would make it, with `extra` lines.
+fn subscription(extra: &str) -> Arc<SubscriptionConfig> {
+    let toml = format!(
+        "[[subscription]]\nname = \"s\"\nstream = \"orders\"\nplugin = \"p.wasm\"\nretry_backoff = {{ initial = \"10ms\", max = \"100ms\" }}\n{extra}\n"
+    );
+    let config = Config::parse(&toml, std::path::Path::new("test.toml")).unwrap();
+    Arc::new(config.subscriptions[0].clone())
+}
+
+fn record(offset: u64, arrival_ms: u64) -> Delivery {
+    Delivery {
+        record: Arc::new(Record {
+            stream: StreamName::from("orders"),
+            shard: ShardId::from("shard-0"),
+            partition_key: PartitionKey::new(format!("k{offset}")),
+            sequence: SequenceNumber::parse(&(1000 + offset).to_string()).unwrap(),
+            arrival_ms,
+            data: vec![1, 2, 3],
+        }),
+        ticket: Ticket {
+            shard: ShardId::from("shard-0"),
+            session: SessionId(1),
+            offset,
+        },
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// What a lane did with its records.
+struct Run {
+    /// Offsets in the order they settled.
+    settled: Vec<u64>,
+    metrics: String,
+}
+
+impl Run {
+    fn metric(&self, line_start: &str) -> u64 {
+        self.metrics
+            .lines()
+            .find(|l| l.starts_with(line_start))
+            .and_then(|l| l.rsplit(' ').next())
+            .map_or(0, |v| v.parse().unwrap())
+    }
+}
+
+/// Runs a lane over `records` until it ends (the inbox closes once they
+/// are in), or until `stop_after` has passed (then `hard_stop` fires).
+async fn run_lane(
+    sub: Arc<SubscriptionConfig>,
+    sink: Option<Arc<Sink>>,
+    script: Arc<Script>,
+    records: Vec<Delivery>,
+    stop_after: Option<Duration>,
+) -> Run {
+    let telemetry = Telemetry::new();
+    let status = telemetry.subscription(&sub.name, sub.mode());
+    let policy = Policy::new(&sub.failure, |stream| {
+        let sink = sink.clone().expect("a sink for on_failure = dead_letter");
+        assert_eq!(&sink.stream, stream);
+        sink as Arc<dyn DeadLetterSink>
+    });
+    let (settle_tx, mut settle_rx) = mpsc::channel(1024);
+    let lane = Lane::new(
+        LaneId(0),
+        sub,
+        Arc::new(policy),
+        Arc::new(Factory(script)),
+        settle_tx,
+        LaneMetrics::new(&telemetry, &status, "s", 0),
+    );
+    let (inbox_tx, inbox) = async_channel::bounded(64);
+    for r in records {
+        inbox_tx.send(r).await.unwrap();
+    }
+    drop(inbox_tx);
+    let hard_stop = CancellationToken::new();
+    let stop = hard_stop.clone();
+    let stopper = stop_after.map(|after| {
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            stop.cancel();
+        })
+    });
+    lane.run(inbox, hard_stop).await;
+    if let Some(stopper) = stopper {
+        stopper.abort();
+    }
+    let mut settled = Vec::new();
+    while let Ok(msg) = settle_rx.try_recv() {
+        match msg {
+            SettlementMsg::Settle(t) => settled.push(t.offset),
+            SettlementMsg::SettleMany(ts) => settled.extend(ts.iter().map(|t| t.offset)),
+            other => panic!("a lane sent {other:?}"),
+        }
+    }
+    Run {
+        settled,
+        metrics: telemetry.render(),
+    }
+}
+
+fn calls(records: &[(u64, u32)], instance: usize) -> Call {
+    Call {
+        records: records.to_vec(),
+        instance,
+    }
+}
+
+fn retry() -> Step {
+    Step::One(Ok(Outcome::Retry("later".into())))
+}
+
+/// Catches: a retried record overtaken by the next one (per-key order), or
+/// an attempt count that does not move.
+#[tokio::test(start_paused = true)]
+async fn a_retried_record_is_called_again_before_the_next_one() {
+    let script = Script::new([retry(), retry()]);
+    let run = run_lane(
+        subscription(""),
+        None,
+        script.clone(),
+        vec![record(0, 0), record(1, 0)],
+        None,
+    )
+    .await;
+    assert_eq!(
+        script.calls(),
+        vec![
+            calls(&[(0, 1)], 0),
+            calls(&[(0, 2)], 0),
+            calls(&[(0, 3)], 0),
+            calls(&[(1, 1)], 0),
+        ]
+    );
+    assert_eq!(run.settled, vec![0, 1]);
+    assert_eq!(
+        run.metric("shardlane_records_total{subscription=\"s\",outcome=\"retry\"}"),
+        2
+    );
+}
+
+/// Catches: a trapped instance called again (a trapped component cannot
+/// be re-entered), or a trap that does not count as an attempt.
+#[tokio::test(start_paused = true)]
+async fn a_trap_recycles_the_instance_and_counts_an_attempt() {
+    let script = Script::new([Step::One(Err(CallError::Trap("boom".into())))]);
+    let run = run_lane(
+        subscription(""),
+        None,
+        script.clone(),
+        vec![record(0, 0)],
+        None,
+    )
+    .await;
+    assert_eq!(
+        script.calls(),
+        vec![calls(&[(0, 1)], 0), calls(&[(0, 2)], 1)]
+    );
+    assert_eq!(run.settled, vec![0]);
+    assert_eq!(
+        run.metric("shardlane_instance_recycles_total{subscription=\"s\"}"),
+        1
+    );
+}
+
+/// Catches: a reject settled before its dead letter landed (a record
+/// settled without being acked or durably dead-lettered), or a failed put
+/// given up on.
+#[tokio::test(start_paused = true)]
+async fn a_reject_is_dead_lettered_before_it_settles_and_a_failed_put_is_retried() {
+    let sink = Sink::new("dlq", 2);
+    let script = Script::new([Step::One(Ok(Outcome::Reject("bad".into())))]);
+    let run = run_lane(
+        subscription("on_failure = \"dead_letter\"\ndead_letter_stream = \"dlq\""),
+        Some(sink.clone()),
+        script.clone(),
+        vec![record(0, 0), record(1, 0)],
+        None,
+    )
+    .await;
+    assert_eq!(
+        sink.tries.load(Ordering::SeqCst),
+        3,
+        "two refused, one landed"
+    );
+    assert_eq!(
+        *sink.puts.lock().unwrap(),
+        vec![(0, "rejected: bad".to_owned(), 1)]
+    );
+    assert_eq!(
+        run.settled,
+        vec![0, 1],
+        "the reject settles, in order, once put"
+    );
+    assert_eq!(script.calls().len(), 2, "a reject is never retried");
+}
+
+/// Catches: `max_attempts` off by one, or a record given up on without
+/// settling (the checkpoint would stall behind it).
+#[tokio::test(start_paused = true)]
+async fn attempts_run_out_and_the_record_is_skipped() {
+    let script = Script::new((0..10).map(|_| retry()));
+    let run = run_lane(
+        subscription("max_attempts = 3\non_failure = \"skip\""),
+        None,
+        script.clone(),
+        vec![record(0, 0)],
+        None,
+    )
+    .await;
+    assert_eq!(
+        script.calls(),
+        vec![
+            calls(&[(0, 1)], 0),
+            calls(&[(0, 2)], 0),
+            calls(&[(0, 3)], 0)
+        ]
+    );
+    assert_eq!(run.settled, vec![0]);
+    assert_eq!(
+        run.metric("shardlane_records_skipped_total{subscription=\"s\"}"),
+        1
+    );
+}
+
+/// Catches: `max_record_age` ignored, so an old record keeps a shard busy.
+#[tokio::test(start_paused = true)]
+async fn a_record_past_its_age_is_given_up_at_its_first_failure() {
+    let sink = Sink::new("dlq", 0);
+    let script = Script::new((0..10).map(|_| retry()));
+    let hour_ago = now_ms() - 3_600_000;
+    let run = run_lane(
+        subscription(
+            "max_record_age = \"1m\"\non_failure = \"dead_letter\"\ndead_letter_stream = \"dlq\"",
+        ),
+        Some(sink.clone()),
+        script.clone(),
+        vec![record(0, hour_ago), record(1, now_ms())],
+        None,
+    )
+    .await;
+    assert_eq!(
+        *sink.puts.lock().unwrap(),
+        vec![(0, "retry: later".to_owned(), 1)]
+    );
+    // The young record is retried as long as the script says retry.
+    assert_eq!(script.calls()[0], calls(&[(0, 1)], 0));
+    assert_eq!(script.calls()[1], calls(&[(1, 1)], 0));
+    assert_eq!(run.settled, vec![0, 1]);
+}
+
+/// Catches: `block` giving up (skipping data) instead of holding the lane,
+/// or a blocked record settling.
+#[tokio::test(start_paused = true)]
+async fn block_keeps_retrying_past_max_attempts_and_never_settles() {
+    let script = Script::new((0..1000).map(|_| retry()));
+    let run = run_lane(
+        subscription("max_attempts = 2"),
+        None,
+        script.clone(),
+        vec![record(0, 0), record(1, 0)],
+        Some(Duration::from_secs(5)),
+    )
+    .await;
+    let made = script.calls();
+    assert!(made.len() > 5, "{} calls", made.len());
+    assert!(
+        made.iter().all(|c| c.records[0].0 == 0),
+        "the next record waits behind the blocked one"
+    );
+    assert!(run.settled.is_empty(), "{:?}", run.settled);
+    assert!(run.metric("shardlane_records_blocked_total{subscription=\"s\"}") >= 4);
+}
+
+/// Catches: a batch whose call failed retried whole forever instead of
+/// bisected, or bisected halves that do not count the attempt.
+#[tokio::test(start_paused = true)]
+async fn a_failed_batch_is_bisected_and_the_halves_count_an_attempt() {
+    let script = Script::new([Step::Batch(Err(CallError::Timeout(Duration::from_secs(1))))]);
+    let run = run_lane(
+        subscription("batch_size = 4\nbisect_on_error = true"),
+        None,
+        script.clone(),
+        (0..4).map(|i| record(i, 0)).collect(),
+        None,
+    )
+    .await;
+    assert_eq!(
+        script.calls(),
+        vec![
+            calls(&[(0, 1), (1, 1), (2, 1), (3, 1)], 0),
+            calls(&[(0, 2), (1, 2)], 1),
+            calls(&[(2, 2), (3, 2)], 1),
+        ]
+    );
+    assert_eq!(run.settled, vec![0, 1, 2, 3]);
+}
+
+/// Catches: a batch too big for the guest retried whole forever, or the
+/// split counted as an attempt (records would run out of attempts without
+/// ever reaching the guest).
+#[tokio::test(start_paused = true)]
+async fn a_batch_too_big_for_memory_is_halved_without_counting_an_attempt() {
+    let script = Script::new([Step::Batch(Err(CallError::OutOfMemory("grow".into())))]);
+    let run = run_lane(
+        subscription("batch_size = 4"),
+        None,
+        script.clone(),
+        (0..4).map(|i| record(i, 0)).collect(),
+        None,
+    )
+    .await;
+    assert_eq!(
+        script.calls(),
+        vec![
+            calls(&[(0, 1), (1, 1), (2, 1), (3, 1)], 0),
+            calls(&[(0, 1), (1, 1)], 1),
+            calls(&[(2, 1), (3, 1)], 1),
+        ]
+    );
+    assert_eq!(run.settled, vec![0, 1, 2, 3]);
+}
+
+/// Catches: a batch's retried record called again inside the next batch
+/// (out of order), or acks of a batch held back by its retried record.
+#[tokio::test(start_paused = true)]
+async fn a_batchs_retried_records_are_called_again_alone_before_new_ones() {
+    let script = Script::new([Step::Batch(Ok(vec![
+        Outcome::Ack,
+        Outcome::Retry("later".into()),
+        Outcome::Ack,
+    ]))]);
+    let run = run_lane(
+        subscription("batch_size = 3"),
+        None,
+        script.clone(),
+        (0..6).map(|i| record(i, 0)).collect(),
+        None,
+    )
+    .await;
+    assert_eq!(
+        script.calls(),
+        vec![
+            calls(&[(0, 1), (1, 1), (2, 1)], 0),
+            calls(&[(1, 2)], 0),
+            calls(&[(3, 1), (4, 1), (5, 1)], 0),
+        ]
+    );
+    assert_eq!(run.settled, vec![0, 2, 1, 3, 4, 5]);
+}
+
+/// Catches: an answer of the wrong length that loses records (neither
+/// settled nor retried), or that needlessly recycles the instance.
+#[tokio::test(start_paused = true)]
+async fn a_wrong_number_of_outcomes_fails_the_whole_batch_and_keeps_the_instance() {
+    let script = Script::new([Step::Batch(Ok(vec![Outcome::Ack]))]);
+    let run = run_lane(
+        subscription("batch_size = 2"),
+        None,
+        script.clone(),
+        (0..2).map(|i| record(i, 0)).collect(),
+        None,
+    )
+    .await;
+    assert_eq!(
+        script.calls(),
+        vec![calls(&[(0, 1), (1, 1)], 0), calls(&[(0, 2), (1, 2)], 0)]
+    );
+    assert_eq!(run.settled, vec![0, 1]);
+    assert_eq!(
+        run.metric("shardlane_call_failures_total{subscription=\"s\",kind=\"guest_error\"}"),
+        1
+    );
+}
+
+/// Catches: a swap that never reaches a running lane, or one that cuts a
+/// record's retries over to the new version mid-way.
+#[tokio::test(start_paused = true)]
+async fn a_swap_takes_effect_at_the_next_record() {
+    let script = Script::new([retry()]);
+    // The factory moves to a new generation while record 0 is retried.
+    let swapper = {
+        let script = script.clone();
+        tokio::spawn(async move {
+            while script.calls().is_empty() {
+                tokio::task::yield_now().await;
+            }
+            script.generation.store(1, Ordering::SeqCst);
+        })
+    };
+    run_lane(
+        subscription(""),
+        None,
+        script.clone(),
+        vec![record(0, 0), record(1, 0)],
+        None,
+    )
+    .await;
+    swapper.await.unwrap();
+    assert_eq!(
+        script.calls(),
+        vec![
+            calls(&[(0, 1)], 0),
+            calls(&[(0, 2)], 0),
+            calls(&[(1, 1)], 1),
+        ]
+    );
+}
+
+/// Catches: a lane that settles what `hard_stop` cut off.
+#[tokio::test(start_paused = true)]
+async fn hard_stop_leaves_the_record_under_way_unsettled() {
+    let script = Script::new((0..1000).map(|_| retry()));
+    let run = run_lane(
+        subscription(""),
+        None,
+        script,
+        vec![record(0, 0)],
+        Some(Duration::from_millis(300)),
+    )
+    .await;
+    assert!(run.settled.is_empty());
+}
+
+#[test]
+fn the_failure_policy_config_is_what_the_lane_applies() {
+    // The subscription helper really configures what the tests above rely
+    // on (a silent default would make them pass for the wrong reason).
+    let sub = subscription("max_attempts = 3\non_failure = \"skip\"");
+    assert_eq!(
+        sub.failure,
+        FailurePolicy {
+            max_attempts: Some(3),
+            max_record_age: None,
+            on_failure: OnFailure::Skip,
+            bisect_on_error: false,
+        }
+    );
+}

@@ -1,0 +1,281 @@
+//! The keeper's shard sync: list the shards and the lease table, plan,
+//! take leases, ask for hand-overs, and assign what was taken to readers
+//! (see "On its own timers" in [`super`]).
+
+use std::collections::{HashMap, HashSet};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::calls::{Io, bounded};
+use super::{Assignment, Holding, Keeper, SyncRound};
+use crate::config::StartPosition;
+use crate::ids::{OwnerId, SessionId, ShardId};
+use crate::kinesis::{KinesisError, ReadFrom, ShardInfo};
+use crate::lease::{Checkpoint, HeldLease, Lease, LeaseError};
+
+impl Keeper {
+    /// Starts a sync: lists the stream's shards and the lease table in a
+    /// task (unless the previous sync is still under way).
+    pub(super) fn sync(&mut self) {
+        if self.stopping || self.listing || self.round.is_some() {
+            return;
+        }
+        self.listing = true;
+        let shards = self.shards.clone();
+        let store = self.store.clone();
+        let stream = self.subscription.stream.clone();
+        let sub = self.subscription.name.clone();
+        let limit = self.lease.lease_duration;
+        self.io.spawn(async move {
+            let (shards, leases) = tokio::join!(
+                async {
+                    tokio::time::timeout(limit, shards.list_shards(&stream))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(KinesisError::Failed(format!("no answer within {limit:?}")))
+                        })
+                },
+                bounded(limit, store.list(&sub, &stream)),
+            );
+            Io::Listed { shards, leases }
+        });
+    }
+
+    pub(super) fn on_listed(
+        &mut self,
+        shards: Result<Vec<ShardInfo>, KinesisError>,
+        leases: Result<Vec<Lease>, LeaseError>,
+    ) {
+        self.listing = false;
+        // Stopping: take nothing, ask nobody.
+        if self.stopping {
+            return;
+        }
+        let shards = match shards {
+            Ok(shards) => shards,
+            Err(e) => {
+                tracing::warn!(subscription = %self.subscription.name, stream = %self.subscription.stream, error = %e, "cannot list shards; will retry");
+                return;
+            }
+        };
+        let leases: HashMap<ShardId, Lease> = match leases {
+            Ok(leases) => leases
+                .into_iter()
+                .map(|l| (l.key.shard.clone(), l))
+                .collect(),
+            Err(e) => {
+                self.note_store_error(None, &e);
+                tracing::warn!(subscription = %self.subscription.name, error = %e, "cannot read leases; will retry");
+                return;
+            }
+        };
+        for (shard, lease) in &leases {
+            if !self.held.contains_key(shard) {
+                self.status
+                    .held_elsewhere(shard, lease.owner.as_ref(), lease.checkpoint.as_ref());
+            }
+        }
+        let round = self.plan(shards, &leases);
+        self.round = Some(round);
+        self.finish_round_if_done();
+    }
+
+    /// Plans this sync's takes and hand-over request against `leases` and
+    /// starts them; the round ends when every take has answered.
+    fn plan(&mut self, shards: Vec<ShardInfo>, leases: &HashMap<ShardId, Lease>) -> SyncRound {
+        let (mut keeping, mut releasing) = (HashSet::new(), HashSet::new());
+        for (shard, holding) in &self.held {
+            match holding.releasing {
+                None => keeping.insert(shard.clone()),
+                Some(_) => releasing.insert(shard.clone()),
+            };
+        }
+        let plan = self.planner.plan(
+            &self.owner,
+            &keeping,
+            &releasing,
+            &shards,
+            leases,
+            self.lease.lease_duration,
+            Instant::now(),
+        );
+        let cooldown = self.lease.lease_duration;
+        self.handed_over.retain(|_, at| at.elapsed() < cooldown);
+        let mut round = SyncRound {
+            shards,
+            fair_share: plan.fair_share,
+            acquiring: HashSet::new(),
+            // Held here, though the table (read before our latest writes
+            // landed) may say otherwise: read, not free.
+            free: plan
+                .free
+                .into_iter()
+                .filter(|s| !self.held.contains_key(s))
+                .collect(),
+        };
+        for (shard, seen) in plan.take {
+            // Held here (the table may lag our view: taking it again would
+            // start a second reader), or handed over a moment ago: not
+            // taken now.
+            if self.held.contains_key(&shard) || self.handed_over.contains_key(&shard) {
+                continue;
+            }
+            round.acquiring.insert(shard.clone());
+            self.acquire(shard, seen);
+        }
+        if let Some(lease) = plan.ask {
+            self.ask(lease, plan.fair_share, plan.live);
+        }
+        round
+    }
+
+    /// Takes `shard`'s lease if it is still as `seen` (in a task).
+    fn acquire(&mut self, shard: ShardId, seen: Option<Lease>) {
+        let key = self.key(&shard);
+        let store = self.store.clone();
+        let owner = self.owner.clone();
+        let limit = self.lease.lease_duration;
+        self.io.spawn(async move {
+            let sent_at = Instant::now();
+            let result = bounded(limit, store.acquire(&key, &owner, seen.as_ref())).await;
+            Io::Acquired {
+                shard,
+                seen,
+                sent_at,
+                result,
+            }
+        });
+    }
+
+    /// Asks the owner of `lease` to hand it over (in a task).
+    fn ask(&mut self, lease: Lease, fair_share: usize, live: usize) {
+        let store = self.store.clone();
+        let owner = self.owner.clone();
+        let limit = self.lease.lease_duration;
+        self.io.spawn(async move {
+            let result = bounded(limit, store.request_handoff(&lease, &owner)).await;
+            Io::Asked {
+                lease,
+                fair_share,
+                live,
+                result,
+            }
+        });
+    }
+
+    pub(super) fn on_acquired(
+        &mut self,
+        shard: ShardId,
+        seen: Option<Lease>,
+        sent_at: Instant,
+        result: Result<HeldLease, LeaseError>,
+    ) {
+        let (Some(round), false) = (self.round.as_mut(), self.stopping) else {
+            // Stopping: a lease taken meanwhile is not wanted any more.
+            self.round = None;
+            if let Ok(lease) = result {
+                self.release(&shard, lease);
+            }
+            return;
+        };
+        round.acquiring.remove(&shard);
+        match result {
+            Ok(lease) => {
+                round.free.remove(&shard);
+                let present: HashSet<&ShardId> = round.shards.iter().map(|s| &s.id).collect();
+                let info = round.shards.iter().find(|s| s.id == shard);
+                // A child of a consumed parent starts at its own beginning,
+                // so nothing between the parent's end and the child's start
+                // is skipped.
+                let start = if info.is_some_and(|i| i.parents().any(|p| present.contains(p))) {
+                    StartPosition::TrimHorizon
+                } else {
+                    self.subscription.start
+                };
+                let fair_share = round.fair_share;
+                let previous = seen.as_ref().and_then(|l| l.owner.clone());
+                self.assign(lease, sent_at, start, previous, fair_share);
+            }
+            Err(LeaseError::Lost(_)) => {
+                // Someone else reads it now.
+                round.free.remove(&shard);
+                tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, "lease taken by another instance first");
+            }
+            Err(e) => {
+                self.note_store_error(Some(&shard), &e);
+                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "cannot take lease; will retry");
+            }
+        }
+        self.finish_round_if_done();
+    }
+
+    /// Once every acquire of the sync has answered: the sync is done, and
+    /// what is still free is read by nobody.
+    fn finish_round_if_done(&mut self) {
+        if self.round.as_ref().is_none_or(|r| !r.acquiring.is_empty()) {
+            return;
+        }
+        let Some(round) = self.round.take() else {
+            return;
+        };
+        let unread = round.free.len();
+        self.unread.set(unread as u64);
+        if self.status.synced(unread, std::time::Instant::now()) {
+            let shards: Vec<&str> = round.free.iter().map(ShardId::as_str).take(8).collect();
+            tracing::info!(subscription = %self.subscription.name, unread, ?shards, "shards held by nobody after this sync");
+        }
+        self.leases_held.set(self.held.len() as u64);
+    }
+
+    /// Assigns a lease just taken to a reader, from its checkpoint or else
+    /// at `start`.
+    fn assign(
+        &mut self,
+        lease: HeldLease,
+        acquired_at: Instant,
+        start: StartPosition,
+        previous_owner: Option<OwnerId>,
+        fair_share: usize,
+    ) {
+        let shard = lease.key.shard.clone();
+        let (valid_until, valid_rx) = watch::channel(acquired_at + self.lease.lease_duration);
+        let session = SessionId(self.next_session);
+        self.next_session += 1;
+        tracing::info!(
+            subscription = %self.subscription.name, stream = %self.subscription.stream, shard_id = %shard,
+            checkpoint = lease.checkpoint.as_ref().map(Checkpoint::as_str),
+            previous_owner = previous_owner.as_ref().map(OwnerId::as_str),
+            held = self.held.len() + 1, fair_share,
+            "lease taken; reader starting"
+        );
+        let from = match &lease.checkpoint {
+            Some(Checkpoint::Sequence(seq)) => ReadFrom::After(seq.clone()),
+            // A lease at SHARD_END is never taken (the planner skips ended
+            // shards); were it, the shard's first read reports its end again.
+            Some(Checkpoint::ShardEnd) | None => ReadFrom::Start(start),
+        };
+        self.status
+            .lease_taken(&shard, &self.owner, lease.checkpoint.as_ref());
+        self.outbox.push_back(Assignment::Read {
+            shard: shard.clone(),
+            session,
+            from,
+            valid_until: valid_rx,
+        });
+        self.held.insert(
+            shard,
+            Holding {
+                lease,
+                session,
+                valid_until,
+                releasing: None,
+                writing: false,
+                pending: None,
+                renew_due: false,
+                force_release: false,
+            },
+        );
+        self.leases_held.set(self.held.len() as u64);
+    }
+}

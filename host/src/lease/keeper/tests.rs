@@ -1,0 +1,476 @@
+//! The keeper driven by the memory store (wrapped to be slow or to count
+//! calls where a test needs it), a scripted shard list and a paused clock:
+//! what it assigns, when it renews, what it stops, what it writes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Assignment, Keeper, ShardSource, StopReason, merge};
+use crate::config::Config;
+use crate::config::StartPosition;
+use crate::ids::{OwnerId, SequenceNumber, SessionId, ShardId, StreamName, SubscriptionName};
+use crate::kinesis::{KinesisError, ReadFrom, ShardInfo};
+use crate::lease::memory::MemoryLeaseStore;
+use crate::lease::{
+    Checkpoint, CheckpointRequest, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore,
+};
+use crate::telemetry::Telemetry;
+
+const LEASE: Duration = Duration::from_secs(10);
+const RENEW: Duration = Duration::from_secs(3);
+const SYNC: Duration = Duration::from_secs(10);
+
+/// The stream's shards as the test sets them; listing can be made slow.
+struct Shards {
+    shards: Mutex<Vec<ShardInfo>>,
+    delay: Mutex<Duration>,
+}
+
+#[async_trait]
+impl ShardSource for Shards {
+    async fn list_shards(&self, _stream: &StreamName) -> Result<Vec<ShardInfo>, KinesisError> {
+        let delay = *self.delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
+        Ok(self.shards.lock().unwrap().clone())
+    }
+}
+
+fn shard(id: &str, parent: Option<&str>, closed: bool) -> ShardInfo {
+    ShardInfo {
+        id: ShardId::from(id),
+        parent: parent.map(ShardId::from),
+        adjacent_parent: None,
+        closed,
+    }
+}
+
+/// The memory store, with checkpoint writes of one shard made slow and
+/// renewals counted per shard.
+#[derive(Default)]
+struct Store {
+    inner: MemoryLeaseStore,
+    slow_checkpoints: Mutex<Option<(ShardId, Duration)>>,
+    renewals: Mutex<Vec<ShardId>>,
+    checkpoints: AtomicUsize,
+}
+
+#[async_trait]
+impl LeaseStore for Store {
+    async fn list(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+    ) -> Result<Vec<Lease>, LeaseError> {
+        self.inner.list(subscription, stream).await
+    }
+
+    async fn read(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+        self.inner.read(key).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &LeaseKey,
+        owner: &OwnerId,
+        seen: Option<&Lease>,
+    ) -> Result<HeldLease, LeaseError> {
+        self.inner.acquire(key, owner, seen).await
+    }
+
+    async fn renew(&self, held: &HeldLease) -> Result<HeldLease, LeaseError> {
+        self.renewals.lock().unwrap().push(held.key.shard.clone());
+        self.inner.renew(held).await
+    }
+
+    async fn request_handoff(&self, seen: &Lease, to: &OwnerId) -> Result<(), LeaseError> {
+        self.inner.request_handoff(seen, to).await
+    }
+
+    async fn checkpoint(
+        &self,
+        held: &HeldLease,
+        checkpoint: &Checkpoint,
+    ) -> Result<HeldLease, LeaseError> {
+        let slow = self.slow_checkpoints.lock().unwrap().clone();
+        if let Some((shard, delay)) = slow
+            && shard == held.key.shard
+        {
+            tokio::time::sleep(delay).await;
+        }
+        self.checkpoints.fetch_add(1, Ordering::SeqCst);
+        self.inner.checkpoint(held, checkpoint).await
+    }
+
+    async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {
+        self.inner.release(held).await
+    }
+}
+
+impl Store {
+    fn renewals_of(&self, shard: &str) -> usize {
+        self.renewals
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.as_str() == shard)
+            .count()
+    }
+}
+
+fn key(shard: &str) -> LeaseKey {
+    LeaseKey {
+        subscription: SubscriptionName::from("s"),
+        stream: StreamName::from("orders"),
+        shard: ShardId::from(shard),
+    }
+}
+
+fn seq(n: u64) -> Checkpoint {
+    Checkpoint::Sequence(SequenceNumber::parse(&n.to_string()).unwrap())
+}
+
+/// A running keeper and the ends of its channels.
+struct Rig {
+    store: Arc<Store>,
+    shards: Arc<Shards>,
+    assignments: mpsc::Receiver<Assignment>,
+    checkpoints: Option<mpsc::Sender<CheckpointRequest>>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+const ME: &str = "me";
+
+fn start(store: Arc<Store>, shards: Vec<ShardInfo>) -> Rig {
+    let config = Config::parse(
+        &format!(
+            "[lease]\nstore = \"memory\"\nlease_duration = \"{}s\"\nrenew_every = \"{}s\"\nshard_sync_every = \"{}s\"\n\n[[subscription]]\nname = \"s\"\nstream = \"orders\"\nplugin = \"p.wasm\"\n",
+            LEASE.as_secs(),
+            RENEW.as_secs(),
+            SYNC.as_secs()
+        ),
+        std::path::Path::new("test.toml"),
+    )
+    .unwrap();
+    let telemetry = Telemetry::new();
+    let sub = Arc::new(config.subscriptions[0].clone());
+    let status = telemetry.subscription(&sub.name, sub.mode());
+    let shards = Arc::new(Shards {
+        shards: Mutex::new(shards),
+        delay: Mutex::new(Duration::ZERO),
+    });
+    let keeper = Keeper::new(
+        sub,
+        config.lease.clone(),
+        OwnerId::from(ME),
+        store.clone(),
+        shards.clone(),
+        status,
+        telemetry,
+    );
+    let (assign_tx, assignments) = mpsc::channel(4);
+    let (ck_tx, ck_rx) = mpsc::channel(16);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(keeper.run(assign_tx, ck_rx, stop.clone()));
+    Rig {
+        store,
+        shards,
+        assignments,
+        checkpoints: Some(ck_tx),
+        stop,
+        task,
+    }
+}
+
+impl Rig {
+    /// The next assignment, within `within` (of paused time).
+    async fn next(&mut self, within: Duration) -> Option<Assignment> {
+        tokio::time::timeout(within, self.assignments.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn lease(&self, shard: &str) -> Lease {
+        self.store.read(&key(shard)).await.unwrap().unwrap()
+    }
+
+    async fn request(
+        &self,
+        shard: &str,
+        session: SessionId,
+        checkpoint: Checkpoint,
+        drained: bool,
+    ) {
+        self.checkpoints
+            .as_ref()
+            .unwrap()
+            .send(CheckpointRequest {
+                shard: ShardId::from(shard),
+                session,
+                checkpoint: Some(checkpoint),
+                drained,
+            })
+            .await
+            .unwrap();
+    }
+}
+
+/// A lease left by an earlier owner at `checkpoint`, free now.
+async fn left_at(store: &Store, shard: &str, checkpoint: Checkpoint) {
+    let other = OwnerId::from("earlier");
+    let held = store.acquire(&key(shard), &other, None).await.unwrap();
+    let held = store.checkpoint(&held, &checkpoint).await.unwrap();
+    store.release(&held).await.unwrap();
+}
+
+fn read_of(
+    a: Option<Assignment>,
+) -> (
+    ShardId,
+    SessionId,
+    ReadFrom,
+    tokio::sync::watch::Receiver<Instant>,
+) {
+    match a {
+        Some(Assignment::Read {
+            shard,
+            session,
+            from,
+            valid_until,
+        }) => (shard, session, from, valid_until),
+        other => panic!("expected a read assignment, got {other:?}"),
+    }
+}
+
+/// Catches: a shard read from its start instead of its checkpoint (records
+/// handled twice), a free shard left unread, or a read assigned without
+/// the lease being taken in the store.
+#[tokio::test(start_paused = true)]
+async fn takes_every_free_shard_and_assigns_it_from_its_checkpoint() {
+    let store = Arc::new(Store::default());
+    left_at(&store, "s1", seq(42)).await;
+    let mut rig = start(
+        store,
+        vec![shard("s0", None, false), shard("s1", None, false)],
+    );
+    let mut reads = [
+        read_of(rig.next(Duration::from_secs(1)).await),
+        read_of(rig.next(Duration::from_secs(1)).await),
+    ];
+    reads.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(reads[0].0, ShardId::from("s0"));
+    assert_eq!(reads[0].2, ReadFrom::Start(StartPosition::Latest));
+    assert_eq!(reads[1].0, ShardId::from("s1"));
+    assert_eq!(
+        reads[1].2,
+        ReadFrom::After(SequenceNumber::parse("42").unwrap())
+    );
+    assert_ne!(reads[0].1, reads[1].1, "each taking is its own session");
+    for s in ["s0", "s1"] {
+        assert_eq!(rig.lease(s).await.owner, Some(OwnerId::from(ME)));
+    }
+}
+
+/// Catches: renewals that do not happen on their timer (the lease lapses
+/// and another instance takes it), or a validity deadline that is not
+/// moved by them (the reader stalls after one lease duration).
+#[tokio::test(start_paused = true)]
+async fn renews_on_its_timer_and_moves_the_validity_deadline() {
+    let mut rig = start(Arc::new(Store::default()), vec![shard("s0", None, false)]);
+    let (_, _, _, mut valid_until) = read_of(rig.next(Duration::from_secs(1)).await);
+    let first = *valid_until.borrow_and_update();
+    let taken = rig.lease("s0").await.counter;
+    tokio::time::sleep(RENEW * 3 + Duration::from_millis(100)).await;
+    assert_eq!(rig.store.renewals_of("s0"), 3);
+    assert_eq!(rig.lease("s0").await.counter, taken + 3);
+    let now = *valid_until.borrow_and_update();
+    assert!(now >= first + RENEW * 3, "{:?}", now - first);
+}
+
+/// Catches: a reader that keeps handing out records of a shard another
+/// instance took.
+#[tokio::test(start_paused = true)]
+async fn a_lease_taken_by_another_instance_stops_its_reader() {
+    let mut rig = start(Arc::new(Store::default()), vec![shard("s0", None, false)]);
+    let (_, session, _, mut valid_until) = read_of(rig.next(Duration::from_secs(1)).await);
+    let seen = rig.lease("s0").await;
+    rig.store
+        .acquire(&key("s0"), &OwnerId::from("thief"), Some(&seen))
+        .await
+        .unwrap();
+    match rig.next(RENEW * 2).await {
+        Some(Assignment::Stop {
+            shard,
+            session: stopped,
+            why,
+        }) => {
+            assert_eq!(shard, ShardId::from("s0"));
+            assert_eq!(stopped, session);
+            assert_eq!(why, StopReason::Lost);
+        }
+        other => panic!("expected a stop, got {other:?}"),
+    }
+    assert!(
+        valid_until.changed().await.is_err(),
+        "the validity channel closes with the lease"
+    );
+    assert_eq!(rig.lease("s0").await.owner, Some(OwnerId::from("thief")));
+}
+
+/// Catches: a hand-over that releases before the in-flight records settled
+/// (the next owner would read them again), or never releases.
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_stops_the_reader_and_releases_after_the_drained_checkpoint() {
+    let mut rig = start(Arc::new(Store::default()), vec![shard("s0", None, false)]);
+    let (_, session, _, _) = read_of(rig.next(Duration::from_secs(1)).await);
+    let seen = rig.lease("s0").await;
+    rig.store
+        .request_handoff(&seen, &OwnerId::from("asker"))
+        .await
+        .unwrap();
+    match rig.next(RENEW * 2).await {
+        Some(Assignment::Stop { why, .. }) => assert_eq!(why, StopReason::HandOver),
+        other => panic!("expected a stop, got {other:?}"),
+    }
+    // Still ours until what was handed out has settled.
+    tokio::time::sleep(RENEW).await;
+    assert_eq!(rig.lease("s0").await.owner, Some(OwnerId::from(ME)));
+    rig.request("s0", session, seq(7), true).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let lease = rig.lease("s0").await;
+    assert_eq!(lease.owner, None, "released once drained");
+    assert_eq!(lease.checkpoint, Some(seq(7)), "after its final checkpoint");
+}
+
+/// Catches: renewals queued behind a slow store call of another shard or
+/// behind a slow shard listing (every lease would lapse together).
+#[tokio::test(start_paused = true)]
+async fn renewals_never_wait_behind_a_slow_checkpoint_or_a_slow_sync() {
+    let store = Arc::new(Store::default());
+    *store.slow_checkpoints.lock().unwrap() = Some((ShardId::from("s0"), Duration::from_secs(60)));
+    let mut rig = start(
+        store,
+        vec![shard("s0", None, false), shard("s1", None, false)],
+    );
+    let mut sessions = std::collections::HashMap::new();
+    for _ in 0..2 {
+        let (shard, session, _, _) = read_of(rig.next(Duration::from_secs(1)).await);
+        sessions.insert(shard, session);
+    }
+    *rig.shards.delay.lock().unwrap() = Duration::from_secs(60);
+    rig.request("s0", sessions[&ShardId::from("s0")], seq(5), false)
+        .await;
+    let before = rig.store.renewals_of("s1");
+    tokio::time::sleep(RENEW * 5 + Duration::from_millis(100)).await;
+    assert_eq!(
+        rig.store.renewals_of("s1") - before,
+        5,
+        "s1 renews on every tick while s0's checkpoint and a sync hang"
+    );
+    assert_eq!(rig.lease("s1").await.owner, Some(OwnerId::from(ME)));
+}
+
+/// Catches: a shutdown that releases leases before their final
+/// checkpoints (records read again by the next owner), or never ends.
+#[tokio::test(start_paused = true)]
+async fn shutdown_closes_assignments_writes_final_checkpoints_and_releases() {
+    let mut rig = start(
+        Arc::new(Store::default()),
+        vec![shard("s0", None, false), shard("s1", None, false)],
+    );
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let (shard, session, _, _) = read_of(rig.next(Duration::from_secs(1)).await);
+        sessions.push((shard, session));
+    }
+    rig.stop.cancel();
+    assert!(
+        rig.next(Duration::from_secs(1)).await.is_none(),
+        "the assignment channel closes: every reader stops"
+    );
+    for (i, (shard, session)) in sessions.iter().enumerate() {
+        rig.request(shard.as_str(), *session, seq(100 + i as u64), true)
+            .await;
+    }
+    drop(rig.checkpoints.take());
+    tokio::time::timeout(Duration::from_secs(30), rig.task)
+        .await
+        .expect("the keeper ends once settlement's requests end")
+        .unwrap();
+    for (i, (shard, _)) in sessions.iter().enumerate() {
+        let lease = rig.store.read(&key(shard.as_str())).await.unwrap().unwrap();
+        assert_eq!(lease.owner, None);
+        assert_eq!(lease.checkpoint, Some(seq(100 + i as u64)));
+    }
+}
+
+/// Catches: a child shard read before its parent ended (per-key order
+/// broken across a reshard), or read from `latest` (records between the
+/// parent's end and the child's start skipped).
+#[tokio::test(start_paused = true)]
+async fn a_child_waits_for_its_parent_and_starts_at_its_beginning() {
+    let mut rig = start(
+        Arc::new(Store::default()),
+        vec![
+            shard("parent", None, true),
+            shard("child", Some("parent"), false),
+        ],
+    );
+    let (shard_id, session, _, _) = read_of(rig.next(Duration::from_secs(1)).await);
+    assert_eq!(shard_id, ShardId::from("parent"));
+    assert!(
+        rig.next(SYNC + Duration::from_secs(1)).await.is_none(),
+        "the child waits"
+    );
+    rig.request("parent", session, Checkpoint::ShardEnd, false)
+        .await;
+    let (child, _, from, _) = read_of(rig.next(SYNC * 2).await);
+    assert_eq!(child, ShardId::from("child"));
+    assert_eq!(from, ReadFrom::Start(StartPosition::TrimHorizon));
+    assert_eq!(
+        rig.lease("parent").await.owner,
+        None,
+        "an ended shard is released"
+    );
+}
+
+fn merge_request(checkpoint: Option<&str>, drained: bool) -> CheckpointRequest {
+    CheckpointRequest {
+        shard: "s".into(),
+        session: SessionId(3),
+        checkpoint: checkpoint.map(|c| Checkpoint::Sequence(SequenceNumber::parse(c).unwrap())),
+        drained,
+    }
+}
+
+#[test]
+fn a_newer_request_covers_an_older_one_and_drained_stays() {
+    assert_eq!(
+        merge(None, merge_request(Some("5"), false)),
+        merge_request(Some("5"), false)
+    );
+    assert_eq!(
+        merge(
+            Some(merge_request(Some("5"), true)),
+            merge_request(Some("9"), false)
+        ),
+        merge_request(Some("9"), true),
+        "a drained request is never lost behind a newer one"
+    );
+    assert_eq!(
+        merge(
+            Some(merge_request(Some("5"), false)),
+            merge_request(None, true)
+        ),
+        merge_request(Some("5"), true),
+        "drained with nothing new keeps the checkpoint still to write"
+    );
+}

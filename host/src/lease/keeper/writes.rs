@@ -1,0 +1,308 @@
+//! The keeper's writes of held leases: renewals on the timer, checkpoints
+//! as settlement asks, hand-overs and releases, one write per lease at a
+//! time (see "Store calls never block the keeper" in [`super`]).
+
+use tokio::time::Instant;
+
+use super::calls::{Io, bounded, checkpoint, renew};
+use super::{Assignment, Keeper, StopReason};
+use crate::ids::{SessionId, ShardId};
+use crate::lease::{Checkpoint, CheckpointRequest, HeldLease, LeaseError};
+
+impl Keeper {
+    /// A renewal round: every held lease renews at once, each in its own
+    /// task; a lease being given up for longer than `shutdown_timeout` is
+    /// released instead (once the write under way, if any, lands).
+    pub(super) fn renew_all(&mut self) {
+        let shards: Vec<ShardId> = self.held.keys().cloned().collect();
+        let now = Instant::now();
+        for shard in shards {
+            let Some(holding) = self.held.get_mut(&shard) else {
+                continue;
+            };
+            if let Some(since) = holding.releasing
+                && now.duration_since(since) >= self.subscription.shutdown_timeout
+            {
+                holding.force_release = true;
+                if !holding.writing {
+                    self.force_release(&shard);
+                }
+                continue;
+            }
+            holding.renew_due = true;
+            self.next_write(&shard);
+        }
+    }
+
+    fn force_release(&mut self, shard: &ShardId) {
+        tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, "in-flight records did not settle within shutdown_timeout; releasing the lease anyway (the next owner reads them again)");
+        if let Some(holding) = self.held.remove(shard) {
+            if holding.lease.handoff.is_some() {
+                self.handed_over.insert(shard.clone(), Instant::now());
+            }
+            self.release(shard, holding.lease);
+        }
+    }
+
+    /// Starts the next write of a lease, if none is under way: the pending
+    /// checkpoint first (it renews too), else a due renewal.
+    fn next_write(&mut self, shard: &ShardId) {
+        let Some(holding) = self.held.get_mut(shard) else {
+            return;
+        };
+        if holding.writing {
+            return;
+        }
+        if holding.force_release {
+            self.force_release(shard);
+            return;
+        }
+        let store = self.store.clone();
+        let owner = self.owner.clone();
+        let lease = holding.lease.clone();
+        let session = holding.session;
+        let limit = self.lease.lease_duration;
+        if let Some(request) = holding.pending.take() {
+            let Some(point) = request.checkpoint.clone() else {
+                // Drained with nothing new to write: settled as it stands.
+                self.drained(shard, None);
+                // Still held (not being given up): a due renewal goes on.
+                self.next_write(shard);
+                return;
+            };
+            holding.writing = true;
+            self.io.spawn(async move {
+                let sent_at = Instant::now();
+                let result = checkpoint(&*store, &owner, &lease, &point, limit).await;
+                Io::Checkpointed {
+                    request,
+                    sent_at,
+                    result,
+                }
+            });
+        } else if holding.renew_due {
+            holding.writing = true;
+            let shard = shard.clone();
+            self.io.spawn(async move {
+                let sent_at = Instant::now();
+                let result = bounded(limit, renew(&*store, &owner, &lease)).await;
+                Io::Renewed {
+                    shard,
+                    session,
+                    sent_at,
+                    result,
+                }
+            });
+        }
+    }
+
+    /// A write of the lease (renewal or checkpoint) landed, sent at
+    /// `sent_at`: the lease as it now stands is ours until `sent_at` plus a
+    /// lease duration, and a hand-over it carries starts now.
+    fn landed(&mut self, shard: &ShardId, lease: HeldLease, sent_at: Instant, moved: bool) {
+        let duration = self.lease.lease_duration;
+        let Some(holding) = self.held.get_mut(shard) else {
+            return;
+        };
+        let handoff = lease.handoff.clone();
+        holding.lease = lease;
+        if moved {
+            holding.extend(sent_at, duration);
+            holding.renew_due = false;
+        }
+        if let Some(to) = handoff
+            && holding.releasing.is_none()
+        {
+            tracing::info!(subscription = %self.subscription.name, shard_id = %shard, to = %to, "handing the lease over: reader stopping, in-flight records settling");
+            holding.releasing = Some(Instant::now());
+            let session = holding.session;
+            self.outbox.push_back(Assignment::Stop {
+                shard: shard.clone(),
+                session,
+                why: StopReason::HandOver,
+            });
+        }
+    }
+
+    /// A write failed for a transient reason: the lease is lost once its
+    /// validity deadline has passed; true when it still is held.
+    fn failed(&mut self, shard: &ShardId, e: &LeaseError, what: &str) -> bool {
+        let overdue = self
+            .held
+            .get(shard)
+            .is_some_and(|h| Instant::now() >= *h.valid_until.borrow());
+        self.note_store_error(Some(shard), e);
+        tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, overdue, "{what}");
+        if overdue {
+            self.lose(shard, "not renewed within a lease duration");
+        }
+        !overdue
+    }
+
+    pub(super) fn on_renewed(
+        &mut self,
+        shard: ShardId,
+        session: SessionId,
+        sent_at: Instant,
+        result: Result<(HeldLease, bool), LeaseError>,
+    ) {
+        // Only for the same taking of the lease.
+        let Some(holding) = self.held.get_mut(&shard).filter(|h| h.session == session) else {
+            return;
+        };
+        holding.writing = false;
+        match result {
+            Ok((lease, wrote)) => self.landed(&shard, lease, sent_at, wrote),
+            Err(LeaseError::Lost(_)) => {
+                self.lose(&shard, "taken by another instance");
+                return;
+            }
+            Err(e) => {
+                if !self.failed(&shard, &e, "lease renewal failed") {
+                    return;
+                }
+            }
+        }
+        self.next_write(&shard);
+    }
+
+    /// Stops the shard's reader at once: the lease is no longer ours.
+    fn lose(&mut self, shard: &ShardId, why: &str) {
+        if let Some(holding) = self.held.remove(shard) {
+            self.leases_held.set(self.held.len() as u64);
+            // Dropping the holding closes the reader's validity channel, so
+            // the reader stops handing out records even before it gets this.
+            self.outbox.push_back(Assignment::Stop {
+                shard: shard.clone(),
+                session: holding.session,
+                why: StopReason::Lost,
+            });
+            tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, why, held = self.held.len(), "lease lost; reader stopped");
+        }
+    }
+
+    /// Releases a lease no longer held (in a task).
+    pub(super) fn release(&mut self, shard: &ShardId, lease: HeldLease) {
+        self.leases_held.set(self.held.len() as u64);
+        self.status.released(shard);
+        let store = self.store.clone();
+        let limit = self.lease.lease_duration;
+        let shard = shard.clone();
+        self.io.spawn(async move {
+            let result = bounded(limit, store.release(&lease)).await;
+            Io::Released { shard, result }
+        });
+    }
+
+    /// Queues a checkpoint request behind the lease's write under way.
+    pub(super) fn on_request(&mut self, request: CheckpointRequest) {
+        let Some(holding) = self
+            .held
+            .get_mut(&request.shard)
+            .filter(|h| h.session == request.session)
+        else {
+            if let Some(checkpoint) = &request.checkpoint {
+                tracing::warn!(subscription = %self.subscription.name, shard_id = %request.shard, checkpoint = checkpoint.as_str(), "checkpoint for a shard no longer held (or a reader session since replaced); not written");
+            }
+            return;
+        };
+        let shard = request.shard.clone();
+        holding.pending = Some(merge(holding.pending.take(), request));
+        self.next_write(&shard);
+    }
+
+    pub(super) fn on_checkpointed(
+        &mut self,
+        request: CheckpointRequest,
+        sent_at: Instant,
+        result: Result<HeldLease, LeaseError>,
+    ) {
+        let shard = request.shard.clone();
+        let session = request.session;
+        let Some(holding) = self.held.get_mut(&shard).filter(|h| h.session == session) else {
+            return;
+        };
+        holding.writing = false;
+        let Some(point) = request.checkpoint.clone() else {
+            return;
+        };
+        match result {
+            Ok(lease) => {
+                tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = point.as_str(), "checkpoint written");
+                self.status.checkpointed(&shard, &point);
+                if point == Checkpoint::ShardEnd {
+                    // The shard is done: nobody needs to read it again.
+                    if self.held.remove(&shard).is_some() {
+                        self.release(&shard, lease);
+                    }
+                    return;
+                }
+                self.landed(&shard, lease, sent_at, true);
+                if request.drained {
+                    self.drained(&shard, Some(&point));
+                    if !self.held.contains_key(&shard) {
+                        return;
+                    }
+                }
+            }
+            Err(LeaseError::Lost(_)) => {
+                self.lose(&shard, "checkpoint refused: lease changed hands");
+                return;
+            }
+            Err(e) => {
+                if !self.failed(
+                    &shard,
+                    &e,
+                    "checkpoint not written; tried again at the next renewal",
+                ) {
+                    return;
+                }
+                // Back in line, behind nothing newer: a newer request
+                // covers it, keeping `drained`. Tried at the next tick.
+                if let Some(holding) = self.held.get_mut(&shard) {
+                    holding.pending = Some(match holding.pending.take() {
+                        Some(newer) => merge(Some(request), newer),
+                        None => request,
+                    });
+                    if holding.force_release {
+                        self.force_release(&shard);
+                    }
+                }
+                return;
+            }
+        }
+        self.next_write(&shard);
+    }
+
+    /// Everything the shard's reader handed out has settled and its final
+    /// checkpoint is written: a lease being given up is released now.
+    fn drained(&mut self, shard: &ShardId, checkpoint: Option<&Checkpoint>) {
+        let releasing = self.held.get(shard).and_then(|h| h.releasing);
+        let Some(since) = releasing else {
+            return;
+        };
+        if let Some(holding) = self.held.remove(shard) {
+            tracing::info!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.map(Checkpoint::as_str), drain = ?since.elapsed(), "final checkpoint written");
+            if holding.lease.handoff.is_some() {
+                self.handed_over.insert(shard.clone(), Instant::now());
+            }
+            self.release(shard, holding.lease);
+        }
+    }
+}
+
+/// A newer checkpoint request in place of an older one of the same session:
+/// the newer checkpoint covers the older, and `drained` stays.
+pub(super) fn merge(
+    older: Option<CheckpointRequest>,
+    newer: CheckpointRequest,
+) -> CheckpointRequest {
+    match older {
+        Some(older) => CheckpointRequest {
+            checkpoint: newer.checkpoint.or(older.checkpoint),
+            drained: newer.drained || older.drained,
+            ..newer
+        },
+        None => newer,
+    }
+}

@@ -1,0 +1,190 @@
+//! One subscription's pipeline: its stages wired one way, and their ordered
+//! shutdown.
+//!
+//! ```text
+//!              assignments            deliveries (64)
+//! lease keeper ───────────▶ reader pool ───────────▶ dispatch ──▶ plugin slot
+//!      ▲                         │ open/track/close      │ settle
+//!      │  checkpoint requests    ▼                       ▼
+//!      └──────────────────── settlement ◀───────────────┘
+//! ```
+//!
+//! Every arrow is a typed, bounded channel owned by the stage that sends:
+//! the keeper says which shards to read ([`Assignment`]), the pool's
+//! readers put records into the channel and tell settlement what they read,
+//! dispatch's lanes call the plugin and tell settlement what settled, and
+//! settlement asks the keeper for checkpoints. Records flow one way; the
+//! only way back is the checkpoint requests, which carry no records.
+//!
+//! # Shutdown
+//! [`Pipeline::shutdown`] stops the keeper and lets the rest follow, each
+//! stage ending when its input ends:
+//! 1. the keeper takes no more leases and closes its assignments;
+//! 2. the pool stops every reader (each tells settlement how far it got)
+//!    and ends, so the channel closes once empty;
+//! 3. dispatch drains the channel and ends, bounded by `shutdown_timeout`
+//!    (past it, `hard_stop` ends it where it is and unhandled records stay
+//!    unsettled);
+//! 4. settlement, its senders gone, requests each shard's final checkpoint
+//!    and ends;
+//! 5. the keeper writes those checkpoints, releases every lease (so another
+//!    instance can take over at once), and ends when the requests end.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::channel;
+use crate::config::{LeaseConfig, SubscriptionConfig};
+use crate::dispatch::Dispatcher;
+use crate::failure::{DeadLetters, Policy};
+use crate::ids::{OwnerId, SubscriptionName};
+use crate::kinesis::Kinesis;
+use crate::lease::{ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, Keeper, LeaseStore};
+use crate::reader::ReaderContext;
+use crate::reader::pool::ReaderPool;
+use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
+use crate::swap::PluginSlot;
+use crate::telemetry::Telemetry;
+
+/// What a subscription's pipeline is built from.
+pub(crate) struct Parts {
+    /// The subscription.
+    pub subscription: Arc<SubscriptionConfig>,
+    /// Its plugin versions (hot-swapped, canary).
+    pub slot: Arc<PluginSlot>,
+    /// Kinesis.
+    pub kinesis: Kinesis,
+    /// The lease store every subscription of this process shares.
+    pub store: Arc<dyn LeaseStore>,
+    /// How leases are held.
+    pub lease: LeaseConfig,
+    /// This instance.
+    pub owner: OwnerId,
+    /// Metrics and status.
+    pub telemetry: Arc<Telemetry>,
+}
+
+/// A running subscription (module docs).
+pub(crate) struct Pipeline {
+    name: SubscriptionName,
+    shutdown_timeout: Duration,
+    /// Stops the keeper: the start of the ordered shutdown.
+    stop: CancellationToken,
+    /// Cuts dispatch short once `shutdown_timeout` has passed.
+    hard_stop: CancellationToken,
+    /// Stops the plugin file watcher.
+    stop_watching: CancellationToken,
+    keeper: JoinHandle<()>,
+    readers: JoinHandle<()>,
+    dispatch: JoinHandle<()>,
+    settlement: JoinHandle<()>,
+    watcher: JoinHandle<()>,
+}
+
+impl Pipeline {
+    /// Wires and starts the stages of one subscription (module docs).
+    pub(crate) fn start(parts: Parts) -> Self {
+        let Parts {
+            subscription: sub,
+            slot,
+            kinesis,
+            store,
+            lease,
+            owner,
+            telemetry,
+        } = parts;
+        let status = telemetry.subscription(&sub.name, sub.mode());
+        let (deliveries_tx, deliveries_rx) = channel::channel();
+        let (settle_tx, settle_rx) = mpsc::channel(SETTLEMENT_QUEUE);
+        let (checkpoint_tx, checkpoint_rx) = mpsc::channel(CHECKPOINT_QUEUE);
+        let (assign_tx, assign_rx) = mpsc::channel::<Assignment>(ASSIGNMENT_QUEUE);
+        let fill = telemetry.gauge(
+            "shardlane_channel_fill",
+            "Deliveries waiting in the subscription channel (capacity 64).",
+            &[("subscription", sub.name.as_str())],
+        );
+        let watched = deliveries_rx.clone();
+        telemetry.on_render(move || fill.set(watched.len() as u64));
+
+        let policy = Policy::new(&sub.failure, |stream| {
+            Arc::new(DeadLetters::new(
+                kinesis.clone(),
+                stream.clone(),
+                sub.name.clone(),
+            ))
+        });
+        let stop = CancellationToken::new();
+        let hard_stop = CancellationToken::new();
+        let stop_watching = CancellationToken::new();
+        let settlement = Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx)
+            .with_telemetry(&telemetry);
+        let dispatcher = Dispatcher::new(
+            sub.clone(),
+            slot.clone(),
+            policy,
+            settle_tx.clone(),
+            telemetry.clone(),
+        );
+        let pool = ReaderPool::new(ReaderContext {
+            kinesis: kinesis.clone(),
+            subscription: sub.clone(),
+            deliveries: deliveries_tx,
+            settlement: settle_tx,
+            telemetry: telemetry.clone(),
+            status: status.clone(),
+        });
+        let keeper = Keeper::new(
+            sub.clone(),
+            lease,
+            owner,
+            store,
+            Arc::new(kinesis),
+            status,
+            telemetry,
+        );
+        Self {
+            name: sub.name.clone(),
+            shutdown_timeout: sub.shutdown_timeout,
+            settlement: tokio::spawn(settlement.run(settle_rx)),
+            dispatch: tokio::spawn(dispatcher.run(deliveries_rx, hard_stop.clone())),
+            readers: tokio::spawn(pool.run(assign_rx)),
+            keeper: tokio::spawn(keeper.run(assign_tx, checkpoint_rx, stop.clone())),
+            watcher: tokio::spawn(slot.watch(stop_watching.clone())),
+            stop,
+            hard_stop,
+            stop_watching,
+        }
+    }
+
+    /// Shuts the pipeline down in order (module docs) and waits for every
+    /// stage. False when a stage's task failed (it is logged).
+    pub(crate) async fn shutdown(self) -> bool {
+        self.stop.cancel();
+        let hard_stop = self.hard_stop.clone();
+        let timeout = self.shutdown_timeout;
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            hard_stop.cancel();
+        });
+        let mut ok = true;
+        for (stage, task) in [
+            ("readers", self.readers),
+            ("dispatch", self.dispatch),
+            ("settlement", self.settlement),
+            ("lease keeper", self.keeper),
+        ] {
+            if let Err(e) = task.await {
+                ok = false;
+                tracing::error!(subscription = %self.name, stage, error = %e, "task failed");
+            }
+        }
+        timer.abort();
+        self.stop_watching.cancel();
+        let _ = self.watcher.await;
+        ok
+    }
+}

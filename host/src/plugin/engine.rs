@@ -1,0 +1,412 @@
+//! The engine and linker every plugin of a process shares, and loading:
+//! compile (or take from the compile cache), tell the world from the
+//! exports, link and pre-instantiate.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{Component, HasSelf, Linker, types::ComponentItem};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::bindings;
+use super::bindings::batch::BatchHandlerPre;
+use super::bindings::record::RecordHandlerPre;
+use super::cache::CompileCache;
+use super::host::HostState;
+use super::instance::{Plugin, PluginPre};
+use super::{EPOCH_TICK, MAX_LOG_MESSAGE, PluginError, PluginInfo, World};
+use crate::config::{SandboxConfig, defaults};
+use crate::ids::{PluginDigest, SubscriptionName};
+
+/// The engine and linker every plugin of this process shares.
+#[derive(Clone)]
+pub struct PluginHost {
+    engine: Engine,
+    linker: Arc<Linker<HostState>>,
+    fuel: bool,
+    /// The pool's `max_core_instances_per_component`, for error messages.
+    max_core_instances: u32,
+    cache: Option<Arc<CompileCache>>,
+}
+
+impl PluginHost {
+    /// Builds the engine (pooling allocator, epoch interruption, a ticker
+    /// thread that lives as long as the engine) and the linker (WASI + log).
+    ///
+    /// # Errors
+    /// When wasmtime rejects the configuration (e.g. it cannot reserve the
+    /// pool's virtual memory).
+    ///
+    /// `max_memory` is the largest memory any instance may grow to (the
+    /// largest `max_memory` of any subscription); `max_core_instances` the
+    /// most core module instances one component may contain
+    /// (`engine.max_core_instances`: a Python guest has 14, Rust and
+    /// JavaScript ones 3), a larger component is refused when it is loaded,
+    /// naming the limit; `fuel` turns fuel metering on (when
+    /// any subscription sets `fuel`).
+    pub fn new(max_memory: usize, max_core_instances: u32, fuel: bool) -> anyhow::Result<Self> {
+        let mut pool = PoolingAllocationConfig::default();
+        // Every component instance may hold its full share of core
+        // instances: 1,000 instances of the largest allowed component.
+        let total_core_instances = 1_000u32.saturating_mul(max_core_instances).max(2_000);
+        pool.total_component_instances(1_000)
+            .total_core_instances(total_core_instances)
+            .max_core_instances_per_component(max_core_instances)
+            .total_memories(1_000)
+            .total_tables(2_000)
+            .max_tables_per_component(64)
+            .max_memory_size(max_memory);
+        let mut config = Config::new();
+        config
+            .wasm_component_model(true)
+            .epoch_interruption(true)
+            .consume_fuel(fuel)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config)?;
+        spawn_epoch_ticker(&engine);
+
+        let mut linker = Linker::<HostState>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        bindings::log::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        Ok(Self {
+            engine,
+            linker: Arc::new(linker),
+            fuel,
+            max_core_instances,
+            cache: None,
+        })
+    }
+
+    /// Keeps compiled components in `cache` (see [`CompileCache`]).
+    pub fn with_cache(mut self, cache: Option<CompileCache>) -> Self {
+        self.cache = cache.map(Arc::new);
+        self
+    }
+
+    /// An engine for checking plugins (`shardlane check`): default limits.
+    ///
+    /// # Errors
+    /// As [`PluginHost::new`].
+    pub fn for_checks() -> anyhow::Result<Self> {
+        Self::new(defaults::MAX_MEMORY, defaults::MAX_CORE_INSTANCES, false)
+    }
+
+    fn compile(&self, path: &Path) -> Result<(Component, PluginDigest), PluginError> {
+        // A regular file of bounded size only: a path to a device or FIFO
+        // must fail at once, not fill memory or block.
+        let bytes =
+            crate::files::read_regular(path, crate::files::MAX_PLUGIN_BYTES).map_err(|e| {
+                PluginError::Read {
+                    path: path.to_owned(),
+                    reason: e.into(),
+                }
+            })?;
+        self.compile_bytes(path, &bytes)
+    }
+
+    fn compile_bytes(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+    ) -> Result<(Component, PluginDigest), PluginError> {
+        if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+            return Err(PluginError::NotWasm {
+                path: path.to_owned(),
+            });
+        }
+        // Bytes 4..8: a core module has version 1, layer 0; a component has
+        // layer 1.
+        if bytes[6..8] == [0, 0] {
+            return Err(PluginError::CoreModule {
+                path: path.to_owned(),
+            });
+        }
+        let digest = PluginDigest::of(bytes);
+        let started = Instant::now();
+        let cache = self
+            .cache
+            .as_ref()
+            .map(|c| (c, c.entry(&self.engine, &digest)));
+        if let Some((cache, entry)) = &cache {
+            match cache.load(&self.engine, entry) {
+                Ok(Some(component)) => {
+                    tracing::info!(plugin = %path.display(), digest = digest.short(), elapsed_ms = started.elapsed().as_secs_f64() * 1e3, cache = "hit", "plugin loaded from the compile cache");
+                    return Ok((component, digest));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(entry = %entry.display(), error = %e, "compile cache entry not used; compiling afresh");
+                }
+            }
+        }
+        // Two steps, so a failure is told by the step that failed, not by
+        // wasmtime's wording: compiling checks the code, loading the
+        // compiled artifact checks it against the instance pool's limits.
+        let artifact =
+            self.engine
+                .precompile_component(bytes)
+                .map_err(|e| PluginError::Compile {
+                    path: path.to_owned(),
+                    reason: one_line(&e),
+                })?;
+        // SAFETY: the artifact was compiled by this engine a moment ago and
+        // never left this process's memory.
+        let component =
+            unsafe { Component::deserialize(&self.engine, &artifact) }.map_err(|e| {
+                PluginError::PoolLimit {
+                    path: path.to_owned(),
+                    reason: one_line(&e),
+                    max_core_instances: self.max_core_instances,
+                }
+            })?;
+        let compiled_in = started.elapsed();
+        if let Some((cache, entry)) = &cache
+            && let Err(e) = cache.store(entry, &artifact)
+        {
+            tracing::warn!(entry = %entry.display(), error = %e, "cannot write the compile cache entry");
+        }
+        tracing::info!(
+            plugin = %path.display(), digest = digest.short(), elapsed_ms = compiled_in.as_secs_f64() * 1e3,
+            cache = if cache.is_some() { "miss" } else { "off" }, "plugin compiled"
+        );
+        Ok((component, digest))
+    }
+
+    fn world_of(&self, path: &Path, component: &Component) -> Result<World, PluginError> {
+        let ty = component.component_type();
+        let mut record = false;
+        let mut batch = false;
+        for (name, item) in ty.exports(&self.engine) {
+            if matches!(item.ty, ComponentItem::ComponentFunc(_)) {
+                record |= name == "handle";
+                batch |= name == "handle-batch";
+            }
+        }
+        match (record, batch) {
+            (true, _) => Ok(World::RecordHandler),
+            (false, true) => Ok(World::BatchHandler),
+            (false, false) => Err(PluginError::NoHandler {
+                path: path.to_owned(),
+            }),
+        }
+    }
+
+    /// Compiles and checks a plugin without running it: what `shardlane
+    /// check` prints.
+    ///
+    /// # Errors
+    /// Any [`PluginError`] that [`PluginHost::load`] would return.
+    pub fn inspect(&self, path: &Path) -> Result<PluginInfo, PluginError> {
+        let (component, digest) = self.compile(path)?;
+        let world = self.world_of(path, &component)?;
+        // Linking proves every import is provided and the export matches.
+        self.pre(path, &component, world)?;
+        let ty = component.component_type();
+        Ok(PluginInfo {
+            world,
+            digest,
+            imports: ty
+                .imports(&self.engine)
+                .map(|(n, _)| n.to_owned())
+                .collect(),
+            exports: ty
+                .exports(&self.engine)
+                .map(|(n, _)| n.to_owned())
+                .collect(),
+        })
+    }
+
+    fn pre(
+        &self,
+        path: &Path,
+        component: &Component,
+        world: World,
+    ) -> Result<PluginPre, PluginError> {
+        // Told from the component's import names, which say which package
+        // each comes from, against the packages this host links: wasmtime
+        // reports a failed link only as text.
+        if let Some((import, _)) = component
+            .component_type()
+            .imports(&self.engine)
+            .find(|(name, _)| !links(name))
+        {
+            return Err(PluginError::MissingImport {
+                path: path.to_owned(),
+                import: import.to_owned(),
+            });
+        }
+        let pre = self
+            .linker
+            .instantiate_pre(component)
+            .map_err(|e| PluginError::Link {
+                path: path.to_owned(),
+                reason: one_line(&e),
+            })?;
+        let bad_export = |export, e: wasmtime::Error| PluginError::BadExport {
+            path: path.to_owned(),
+            export,
+            world,
+            reason: one_line(&e),
+        };
+        Ok(match world {
+            World::RecordHandler => {
+                PluginPre::Record(RecordHandlerPre::new(pre).map_err(|e| bad_export("handle", e))?)
+            }
+            World::BatchHandler => PluginPre::Batch(
+                BatchHandlerPre::new(pre).map_err(|e| bad_export("handle-batch", e))?,
+            ),
+        })
+    }
+
+    /// Compiles a plugin, tells its world and pre-instantiates it, for the
+    /// subscription whose log lines it will write; each call of its
+    /// instances is cut off after `handler_timeout`.
+    ///
+    /// # Errors
+    /// A [`PluginError`] naming the file and the reason.
+    pub fn load(
+        &self,
+        path: &Path,
+        subscription: SubscriptionName,
+        handler_timeout: Duration,
+        sandbox: SandboxConfig,
+    ) -> Result<Plugin, PluginError> {
+        let (component, digest) = self.compile(path)?;
+        self.finish_load(
+            path,
+            component,
+            digest,
+            subscription,
+            handler_timeout,
+            sandbox,
+        )
+    }
+
+    /// [`PluginHost::load`] from bytes in hand (a new version arriving
+    /// through the admin API or a changed file); `path` names it.
+    ///
+    /// # Errors
+    /// As [`PluginHost::load`].
+    pub fn load_bytes(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        subscription: SubscriptionName,
+        handler_timeout: Duration,
+        sandbox: SandboxConfig,
+    ) -> Result<Plugin, PluginError> {
+        let (component, digest) = self.compile_bytes(path, bytes)?;
+        self.finish_load(
+            path,
+            component,
+            digest,
+            subscription,
+            handler_timeout,
+            sandbox,
+        )
+    }
+
+    fn finish_load(
+        &self,
+        path: &Path,
+        component: Component,
+        digest: PluginDigest,
+        subscription: SubscriptionName,
+        handler_timeout: Duration,
+        sandbox: SandboxConfig,
+    ) -> Result<Plugin, PluginError> {
+        let world = self.world_of(path, &component)?;
+        let pre = self.pre(path, &component, world)?;
+        Ok(Plugin::new(
+            path.to_owned(),
+            digest,
+            world,
+            pre,
+            self.engine.clone(),
+            subscription,
+            handler_timeout,
+            sandbox,
+            self.fuel,
+        ))
+    }
+}
+
+/// The WIT packages this host links, each with its semver-compatible
+/// version family (what wasmtime's linker matches: `0.2` takes 0.2.0 …
+/// 0.2.x): WASI 0.2 (linked, but granting nothing: see [`super::host`]) and
+/// the plugin contract.
+const LINKED_PACKAGES: &[(&str, &str)] = &[
+    ("wasi:io", "0.2"),
+    ("wasi:clocks", "0.2"),
+    ("wasi:random", "0.2"),
+    ("wasi:cli", "0.2"),
+    ("wasi:filesystem", "0.2"),
+    ("wasi:sockets", "0.2"),
+    ("shardlane:plugin", "0.1"),
+];
+
+/// Whether an import named `name` (`namespace:package/interface@version`)
+/// belongs to a package this host links, in a compatible version.
+fn links(name: &str) -> bool {
+    let Some((package, rest)) = name.split_once('/') else {
+        return false;
+    };
+    let Some((_, version)) = rest.split_once('@') else {
+        return false;
+    };
+    LINKED_PACKAGES.iter().any(|(p, family)| {
+        *p == package
+            && version
+                .strip_prefix(family)
+                .is_some_and(|patch| patch.starts_with('.') && !patch.contains('-'))
+    })
+}
+
+/// A wasmtime error as one line, cut to [`MAX_LOG_MESSAGE`]: a trap's
+/// message carries the guest's backtrace, whose function names and depth
+/// the guest chooses (82 KB lines were seen).
+pub(super) fn one_line(e: &wasmtime::Error) -> String {
+    let mut line = format!("{e:#}").replace('\n', " ");
+    crate::logging::cap(&mut line, MAX_LOG_MESSAGE);
+    line
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] for as long as the
+/// engine lives (the thread holds only a weak reference).
+fn spawn_epoch_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("wasm-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })
+        // Spawning a thread only fails when the OS is out of threads at
+        // start-up; nothing sensible can run then.
+        .expect("cannot spawn the epoch ticker thread");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::links;
+
+    #[test]
+    fn links_what_the_host_provides_in_compatible_versions_only() {
+        assert!(links("wasi:cli/environment@0.2.0"));
+        assert!(links("wasi:io/streams@0.2.6"));
+        assert!(links("shardlane:plugin/log@0.1.0"));
+        assert!(!links("shardlane:plugin/log@0.3.0"), "another minor of 0.x");
+        assert!(!links("wasi:cli/environment@0.3.0"));
+        assert!(
+            !links("wasi:io/streams@0.2.0-rc-2023-11-10"),
+            "pre-releases"
+        );
+        assert!(!links("wasi:http/types@0.2.0"), "a package not linked");
+        assert!(!links("test:importer/extra"), "no version");
+        assert!(!links("extra"), "not an interface");
+    }
+}

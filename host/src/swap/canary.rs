@@ -1,0 +1,301 @@
+//! The canary of a plugin slot: a candidate version beside the stable one,
+//! chosen per partition key, and the lane handler that holds an instance of
+//! each (see "Canary" in [`super`]).
+//!
+//! # The slice
+//! A canary sends a stable slice of partition keys to a candidate plugin
+//! version ([`KeySlice`]): a key is in the slice when
+//! `splitmix64(fnv1a_64(key)) mod 1,000,000` is below the fraction in parts
+//! per million. The extra mixing makes the slice independent of the lane a
+//! key hashes to (otherwise a fraction could pick whole lanes), and the
+//! slice for a fraction contains the slice of every smaller fraction, so
+//! raising the fraction only moves more keys to the candidate.
+
+use std::sync::Arc;
+
+use crate::channel::Record;
+use crate::dispatch::{CallError, Handler, Outcome};
+use crate::ids::{LaneId, PartitionKey, PluginDigest};
+use crate::plugin::{Instance, Plugin, PluginError};
+use crate::telemetry::{Counter, Telemetry};
+
+/// Parts per million: the resolution of a [`KeySlice`].
+const SLICE_RESOLUTION: u64 = 1_000_000;
+
+/// The splitmix64 finalizer: a bijective mix of all 64 bits.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A stable slice of partition keys: the canary's share (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySlice {
+    per_million: u32,
+}
+
+impl KeySlice {
+    /// The slice holding about `fraction` of all keys; `None` unless
+    /// `fraction` is in (0, 1] and at least one part per million.
+    pub fn new(fraction: f64) -> Option<Self> {
+        if !(fraction.is_finite() && fraction > 0.0 && fraction <= 1.0) {
+            return None;
+        }
+        let per_million = (fraction * SLICE_RESOLUTION as f64).round() as u32;
+        (per_million > 0).then_some(Self { per_million })
+    }
+
+    /// The fraction of keys in the slice.
+    pub fn fraction(self) -> f64 {
+        f64::from(self.per_million) / SLICE_RESOLUTION as f64
+    }
+
+    /// Whether `key` is in the slice.
+    pub fn contains(self, key: &PartitionKey) -> bool {
+        mix(key.fnv1a_64()) % SLICE_RESOLUTION < u64::from(self.per_million)
+    }
+}
+
+impl std::fmt::Display for KeySlice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.fraction())
+    }
+}
+
+/// Which version handled a record while a canary runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The stable version.
+    Stable,
+    /// The candidate.
+    Candidate,
+}
+
+impl Role {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Stable => "stable",
+            Self::Candidate => "candidate",
+        }
+    }
+}
+
+/// Outcome counters of one version during a canary.
+#[derive(Clone)]
+struct RoleCounters {
+    ack: Counter,
+    retry: Counter,
+    reject: Counter,
+    failed: Counter,
+}
+
+impl RoleCounters {
+    fn new(telemetry: &Telemetry, sub: &str, role: Role) -> Self {
+        let counter = |outcome: &str| {
+            telemetry.counter(
+                "shardlane_canary_records_total",
+                "Records handled while a canary runs, by version (stable or candidate) and outcome (failed: trap, timeout or guest error).",
+                &[("subscription", sub), ("version", role.label()), ("outcome", outcome)],
+            )
+        };
+        Self {
+            ack: counter("ack"),
+            retry: counter("retry"),
+            reject: counter("reject"),
+            failed: counter("failed"),
+        }
+    }
+
+    fn count(&self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Ack => self.ack.inc(),
+            Outcome::Retry(_) => self.retry.inc(),
+            Outcome::Reject(_) => self.reject.inc(),
+        }
+    }
+
+    fn count_one(&self, result: &Result<Outcome, CallError>) {
+        match result {
+            Ok(outcome) => self.count(outcome),
+            Err(_) => self.failed.inc(),
+        }
+    }
+
+    fn count_batch(&self, result: &Result<Vec<Outcome>, CallError>, len: usize) {
+        match result {
+            Ok(outcomes) => outcomes.iter().for_each(|o| self.count(o)),
+            Err(_) => self.failed.add(len as u64),
+        }
+    }
+}
+
+/// A candidate version and the keys it handles.
+#[derive(Clone)]
+pub(super) struct Canary {
+    pub(super) plugin: Arc<Plugin>,
+    pub(super) slice: KeySlice,
+    stable_counts: RoleCounters,
+    candidate_counts: RoleCounters,
+}
+
+impl Canary {
+    /// `plugin` handling the keys in `slice`, its outcomes counted beside
+    /// the stable version's.
+    pub(super) fn new(
+        plugin: Arc<Plugin>,
+        slice: KeySlice,
+        telemetry: &Telemetry,
+        sub: &str,
+    ) -> Self {
+        Self {
+            plugin,
+            slice,
+            stable_counts: RoleCounters::new(telemetry, sub, Role::Stable),
+            candidate_counts: RoleCounters::new(telemetry, sub, Role::Candidate),
+        }
+    }
+}
+
+/// A lane's handler: an instance of the stable version and, while a
+/// canary runs, one of the candidate, picked per record by partition key
+/// (see "Canary" in the module docs).
+pub(crate) struct SlotInstance {
+    stable: Instance,
+    canary: Option<CanaryInstance>,
+}
+
+struct CanaryInstance {
+    instance: Instance,
+    slice: KeySlice,
+    stable_counts: RoleCounters,
+    candidate_counts: RoleCounters,
+}
+
+impl SlotInstance {
+    /// An instance of `stable` for `lane` and, while a canary runs, one of
+    /// its candidate.
+    pub(super) async fn new(
+        stable: &Plugin,
+        canary: Option<&Canary>,
+        lane: LaneId,
+    ) -> Result<Self, PluginError> {
+        let stable = stable.instantiate(lane).await?;
+        let canary = match canary {
+            None => None,
+            Some(c) => Some(CanaryInstance {
+                instance: c.plugin.instantiate(lane).await?,
+                slice: c.slice,
+                stable_counts: c.stable_counts.clone(),
+                candidate_counts: c.candidate_counts.clone(),
+            }),
+        };
+        Ok(Self { stable, canary })
+    }
+
+    /// Which version handles `record`.
+    pub(crate) fn role_for(&self, record: &Record) -> Role {
+        match &self.canary {
+            Some(c) if c.slice.contains(&record.partition_key) => Role::Candidate,
+            _ => Role::Stable,
+        }
+    }
+}
+
+impl Handler for SlotInstance {
+    async fn handle(&mut self, record: &Arc<Record>, attempt: u32) -> Result<Outcome, CallError> {
+        let role = self.role_for(record);
+        let Some(canary) = &mut self.canary else {
+            return self.stable.handle(record, attempt).await;
+        };
+        let (instance, counts) = match role {
+            Role::Candidate => (&mut canary.instance, &canary.candidate_counts),
+            Role::Stable => (&mut self.stable, &canary.stable_counts),
+        };
+        let result = instance.handle(record, attempt).await;
+        counts.count_one(&result);
+        result
+    }
+
+    async fn handle_batch(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+    ) -> Result<Vec<Outcome>, CallError> {
+        let Some(canary) = &mut self.canary else {
+            return self.stable.handle_batch(records).await;
+        };
+        let (to_candidate, to_stable): (Vec<usize>, Vec<usize>) =
+            (0..records.len()).partition(|&i| canary.slice.contains(&records[i].0.partition_key));
+        let part = |indices: &[usize]| -> Vec<(Arc<Record>, u32)> {
+            indices.iter().map(|&i| records[i].clone()).collect()
+        };
+        let mut merged = Vec::with_capacity(records.len());
+        if !to_stable.is_empty() {
+            let result = if to_candidate.is_empty() {
+                self.stable.handle_batch(records).await
+            } else {
+                self.stable.handle_batch(&part(&to_stable)).await
+            };
+            canary.stable_counts.count_batch(&result, to_stable.len());
+            merged.extend(to_stable.iter().copied().zip(result?));
+        }
+        if !to_candidate.is_empty() {
+            let result = if to_stable.is_empty() {
+                canary.instance.handle_batch(records).await
+            } else {
+                canary.instance.handle_batch(&part(&to_candidate)).await
+            };
+            canary
+                .candidate_counts
+                .count_batch(&result, to_candidate.len());
+            merged.extend(to_candidate.iter().copied().zip(result?));
+        }
+        merged.sort_unstable_by_key(|(i, _)| *i);
+        Ok(merged.into_iter().map(|(_, outcome)| outcome).collect())
+    }
+
+    fn version(&self, record: &Record) -> Option<PluginDigest> {
+        Some(match (&self.canary, self.role_for(record)) {
+            (Some(canary), Role::Candidate) => canary.instance.digest().clone(),
+            _ => self.stable.digest().clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::routing::lane_for;
+
+    #[test]
+    fn key_slices_hold_their_fraction_and_nest() {
+        let keys: Vec<PartitionKey> = (0..20_000)
+            .map(|i| PartitionKey::new(format!("key-{i}")))
+            .collect();
+        let tenth = KeySlice::new(0.1).unwrap();
+        let quarter = KeySlice::new(0.25).unwrap();
+        let in_tenth = keys.iter().filter(|k| tenth.contains(k)).count();
+        assert!((1_800..2_200).contains(&in_tenth), "{in_tenth}");
+        // Nested: raising the fraction only adds keys.
+        assert!(
+            keys.iter()
+                .filter(|k| tenth.contains(k))
+                .all(|k| quarter.contains(k))
+        );
+        assert!(keys.iter().all(|k| KeySlice::new(1.0).unwrap().contains(k)));
+        // Independent of the lane: every lane has keys in the slice.
+        let mut lanes = [0usize; 4];
+        for k in keys.iter().filter(|k| tenth.contains(k)) {
+            lanes[lane_for(k, 4)] += 1;
+        }
+        assert!(lanes.iter().all(|&n| n > 400), "{lanes:?}");
+    }
+
+    #[test]
+    fn key_slice_fractions_out_of_range_are_refused() {
+        for bad in [0.0, -0.1, 1.5, f64::NAN, f64::INFINITY, 1e-9] {
+            assert_eq!(KeySlice::new(bad), None, "{bad}");
+        }
+        assert_eq!(KeySlice::new(0.1).unwrap().fraction(), 0.1);
+    }
+}
