@@ -300,7 +300,11 @@ impl<F: HandlerFactory> Lane<F> {
                 };
                 let step = match result {
                     Ok(answer) => self.apply(&mut group, answer, hard_stop).await,
-                    Err(e) => self.failed(&mut group, &mut groups, &e, hard_stop).await,
+                    // Boxed, as are the give-ups below: failure paths are
+                    // rare, and inline they would make every record's
+                    // future (built and moved per record) several times
+                    // larger.
+                    Err(e) => Box::pin(self.failed(&mut group, &mut groups, &e, hard_stop)).await,
                 };
                 match step {
                     Err(Stopped) => return false,
@@ -356,9 +360,14 @@ impl<F: HandlerFactory> Lane<F> {
                     let version = self.version_of(&item.record);
                     let policy = self.policy.clone();
                     let reason = format!("rejected: {reason}");
-                    if !self
-                        .give_up(item, policy.after_reject(), &reason, version, hard_stop)
-                        .await
+                    if !Box::pin(self.give_up(
+                        item,
+                        policy.after_reject(),
+                        &reason,
+                        version,
+                        hard_stop,
+                    ))
+                    .await
                     {
                         return Err(Stopped);
                     }
@@ -368,9 +377,9 @@ impl<F: HandlerFactory> Lane<F> {
                     self.metrics.retried.inc();
                     tracing::info!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %item.record.shard, sequence_number = %item.record.sequence, attempt = item.attempt, reason, "handler asked to retry");
                     let version = self.version_of(&item.record);
-                    if let Some(item) = self
-                        .after_failure(item, &format!("retry: {reason}"), version, hard_stop)
-                        .await?
+                    let reason = format!("retry: {reason}");
+                    if let Some(item) =
+                        Box::pin(self.after_failure(item, &reason, version, hard_stop)).await?
                     {
                         again.push(item);
                     }
