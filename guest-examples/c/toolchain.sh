@@ -18,7 +18,9 @@
 
 c_root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo_root="$(cd "$c_root/../.." && pwd)"
-wit_dir="$repo_root/wit"
+# echo, batch-sum and poison are shardlane:plugin@0.1.0 plugins, built
+# against the frozen contract: they show that old plugins run unchanged.
+wit_dir="$repo_root/wit/v0.1.0"
 tools_dir="$c_root/.tools"
 
 # Pins. Changing one rebuilds every example (this file is a build input).

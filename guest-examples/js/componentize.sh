@@ -15,7 +15,9 @@ js="$(cd "$(dirname "$0")" && pwd)"
 example_dir="$(cd "$1" && pwd)"
 world="$2"
 example="$(basename "$example_dir")"
-wit="$js/../../wit"
+# echo, batch-sum and poison are shardlane:plugin@0.1.0 plugins, built
+# against the frozen contract: they show that old plugins run unchanged.
+wit="$js/../../wit/v0.1.0"
 out="$example_dir/dist/$example.wasm"
 
 # Skip the rebuild when the component is newer than its inputs: the example's

@@ -9,7 +9,9 @@
 
 py_root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo_root="$(cd "$py_root/../.." && pwd)"
-wit_dir="$repo_root/wit"
+# echo, batch-sum and poison are shardlane:plugin@0.1.0 plugins, built
+# against the frozen contract: they show that old plugins run unchanged.
+wit_dir="$repo_root/wit/v0.1.0"
 venv="$py_root/.venv"
 requirements="$py_root/requirements.txt"
 

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shardlane::bench::{
-    CallError, Delivery, Dispatcher, Handler, HandlerFactory, Outcome, Policy, Record,
-    SETTLEMENT_QUEUE, Settlement, SettlementMsg, Telemetry, Ticket, channel,
+    CallError, Delivery, Dispatcher, Handled, Handler, HandlerFactory, Outcome, Policy, Publish,
+    Record, SETTLEMENT_QUEUE, Settlement, SettlementMsg, Telemetry, Ticket, channel,
 };
 use shardlane::config::{
     BatchConfig, DispatchMode, FailurePolicy, OnFailure, SandboxConfig, StartPosition,
@@ -37,15 +37,19 @@ const READ: usize = 500;
 struct NativeNoop;
 
 impl Handler for NativeNoop {
-    async fn handle(&mut self, _record: &Arc<Record>, _attempt: u32) -> Result<Outcome, CallError> {
-        Ok(Outcome::Ack)
+    async fn handle(
+        &mut self,
+        _record: &Arc<Record>,
+        _attempt: u32,
+    ) -> Result<Handled<Outcome>, CallError> {
+        Ok(Handled::new(Outcome::Ack))
     }
 
     async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
-    ) -> Result<Vec<Outcome>, CallError> {
-        Ok(records.iter().map(|_| Outcome::Ack).collect())
+    ) -> Result<Handled<Vec<Outcome>>, CallError> {
+        Ok(Handled::new(records.iter().map(|_| Outcome::Ack).collect()))
     }
 }
 
@@ -95,6 +99,7 @@ fn sandbox() -> SandboxConfig {
         env: Vec::new(),
         preopen: None,
         log_rate: defaults::LOG_RATE,
+        grants: Default::default(),
     }
 }
 
@@ -131,6 +136,7 @@ async fn run<F: HandlerFactory>(
     records: Vec<Arc<Record>>,
 ) -> Duration {
     let (deliveries_tx, deliveries_rx) = channel();
+    let (publish_tx, _publish_rx) = mpsc::channel::<Publish>(1);
     let (settle_tx, settle_rx) = mpsc::channel(SETTLEMENT_QUEUE);
     let (checkpoint_tx, mut checkpoint_rx) = mpsc::channel(1024);
     let sink = tokio::spawn(async move { while checkpoint_rx.recv().await.is_some() {} });
@@ -145,6 +151,8 @@ async fn run<F: HandlerFactory>(
                 unreachable!("on_failure = block: no dead letters")
             }),
             settle_tx.clone(),
+            // No guest here publishes outputs: nothing is ever sent.
+            publish_tx,
             Telemetry::new(),
         )
         .run(deliveries_rx, CancellationToken::new()),

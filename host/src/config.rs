@@ -8,8 +8,10 @@
 //! `subscription[0].poll_idle`) and what was wrong, so a bad config stops
 //! start-up with a message an operator can act on.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
@@ -294,6 +296,49 @@ pub struct SandboxConfig {
     /// Guest log lines per second per instance before lines are dropped
     /// (and counted).
     pub log_rate: u32,
+    /// What the plugin may reach beyond logging (contract 0.2.0): output
+    /// streams, its config table, HTTP destinations. Shared, immutable.
+    pub grants: Arc<Grants>,
+}
+
+/// What a 0.2.0 plugin may reach, granted per subscription: nothing unless
+/// the config says so.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// Streams it may publish outputs to (`outputs`).
+    pub outputs: BTreeSet<StreamName>,
+    /// Its config table (`config`), read through `wasi:config/store`.
+    pub config: BTreeMap<String, String>,
+    /// Where it may send HTTP requests (`http`); `None`: nowhere.
+    pub http: Option<HttpGrant>,
+}
+
+/// The `http` table: allowed destinations and per-request bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpGrant {
+    /// `host:port` pairs a request may go to (hosts compared without case;
+    /// a URL without a port means 80 for `http`, 443 for `https`).
+    pub allow: Vec<HttpDestination>,
+    /// Longest a request may take to connect, to its first response byte,
+    /// and between body bytes (never past the call's `handler_timeout`).
+    pub timeout: Duration,
+    /// Most response body bytes read; past it the body fails.
+    pub max_response: u64,
+}
+
+/// One allowed HTTP destination.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HttpDestination {
+    /// Host name or IP address, lower case.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+}
+
+impl fmt::Display for HttpDestination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
 }
 
 /// A canary: a candidate plugin version handling a stable slice of the
@@ -370,6 +415,10 @@ pub mod defaults {
     pub const READ_LIMIT: i32 = 1_000;
     /// A handler that takes longer than this is stuck, not slow.
     pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
+    /// One outbound HTTP request (connect, first byte, between bytes).
+    pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Most response body bytes a plugin reads per HTTP request.
+    pub const HTTP_MAX_RESPONSE: u64 = 1 << 20;
     /// First retry backoff.
     pub const RETRY_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
     /// Retry backoff cap.

@@ -62,7 +62,7 @@ mod handler;
 mod lane;
 pub(crate) mod routing;
 
-pub use handler::{CallError, Handler, HandlerFactory, Outcome};
+pub use handler::{CallError, Handled, Handler, HandlerFactory, Outcome, Output};
 
 use std::sync::Arc;
 
@@ -73,6 +73,7 @@ use crate::channel::{Delivery, DeliveryReceiver};
 use crate::config::{DispatchMode, SubscriptionConfig};
 use crate::failure::Policy;
 use crate::ids::LaneId;
+use crate::outputs::PublishSender;
 use crate::settlement::SettlementSender;
 use crate::telemetry::{SubscriptionStatus, Telemetry};
 use lane::{Lane, LaneMetrics};
@@ -88,18 +89,22 @@ pub struct Dispatcher<F> {
     factory: Arc<F>,
     policy: Arc<Policy>,
     settlement: SettlementSender,
+    publisher: PublishSender,
     telemetry: Arc<Telemetry>,
     status: Arc<SubscriptionStatus>,
 }
 
 impl<F: HandlerFactory> Dispatcher<F> {
     /// A dispatcher calling handlers from `factory`, giving up on records
-    /// by `policy`, and settling through `settlement`.
+    /// by `policy`, settling through `settlement`, and handing acked
+    /// records with outputs to `publisher` (the output stage), which
+    /// settles them once their outputs are put.
     pub fn new(
         subscription: Arc<SubscriptionConfig>,
         factory: Arc<F>,
         policy: Policy,
         settlement: SettlementSender,
+        publisher: PublishSender,
         telemetry: Arc<Telemetry>,
     ) -> Self {
         let status = telemetry.subscription(&subscription.name, subscription.mode());
@@ -108,6 +113,7 @@ impl<F: HandlerFactory> Dispatcher<F> {
             factory,
             policy: Arc::new(policy),
             settlement,
+            publisher,
             telemetry,
             status,
         }
@@ -120,6 +126,7 @@ impl<F: HandlerFactory> Dispatcher<F> {
             self.policy.clone(),
             self.factory.clone(),
             self.settlement.clone(),
+            self.publisher.clone(),
             LaneMetrics::new(
                 &self.telemetry,
                 &self.status,

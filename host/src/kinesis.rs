@@ -15,7 +15,8 @@
 //! The calls: [`Kinesis::describe_stream`] (start-up checks),
 //! [`Kinesis::list_shards`] (the lease keeper's shard sync),
 //! [`Kinesis::open_iterator`] and [`Kinesis::get_records`] (shard
-//! readers), [`Kinesis::put_record`] (dead letters). Callers that must stop
+//! readers), [`Kinesis::put_record`] (dead letters) and
+//! [`Kinesis::put_records`] (plugin outputs). Callers that must stop
 //! mid-call drop the call's future (e.g. in a `select!` with their cancel
 //! token): cancellation is not an error.
 
@@ -25,7 +26,7 @@ use aws_config::{BehaviorVersion, Region};
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::ShardIteratorType;
+use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType};
 
 use crate::config::{AwsConfig, StartPosition};
 use crate::ids::{PartitionKey, SequenceNumber, ShardId, StreamName};
@@ -406,5 +407,73 @@ impl Kinesis {
                 })
             })?;
         Ok(output.sequence_number)
+    }
+
+    /// Puts `records` (partition key, data) to `stream` in one PutRecords
+    /// call: the outcome of each, in order. Kinesis may accept some and
+    /// refuse others (throttled, internal failure), which reorders them:
+    /// callers that need order put at most one record per key per call.
+    ///
+    /// # Errors
+    /// The call's [`KinesisError`] when it failed as a whole.
+    pub(crate) async fn put_records(
+        &self,
+        stream: &StreamName,
+        records: &[(PartitionKey, Vec<u8>)],
+    ) -> Result<Vec<Result<(), KinesisError>>, KinesisError> {
+        let entries = records
+            .iter()
+            .map(|(key, data)| {
+                PutRecordsRequestEntry::builder()
+                    .partition_key(key.as_str())
+                    .data(Blob::new(data.clone()))
+                    .build()
+                    .map_err(|e| KinesisError::Refused(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let output = self
+            .client
+            .put_records()
+            .stream_name(stream.as_str())
+            .set_records(Some(entries))
+            .send()
+            .await
+            .map_err(|e| {
+                classify(e, |s| {
+                    if s.is_provisioned_throughput_exceeded_exception()
+                        || s.is_kms_throttling_exception()
+                    {
+                        Some(KinesisError::Throttled(s.to_string()))
+                    } else if s.is_resource_not_found_exception() {
+                        Some(KinesisError::NotFound(stream.to_string()))
+                    } else if s.is_invalid_argument_exception() {
+                        Some(KinesisError::Refused(s.to_string()))
+                    } else {
+                        None
+                    }
+                })
+            })?;
+        if output.records.len() != records.len() {
+            return Err(KinesisError::Malformed(format!(
+                "PutRecords answered {} entries for {} records",
+                output.records.len(),
+                records.len()
+            )));
+        }
+        Ok(output
+            .records
+            .into_iter()
+            .map(|entry| match entry.error_code {
+                None => Ok(()),
+                // The entry's error code names the failure's type.
+                Some(code) if code == "ProvisionedThroughputExceededException" => {
+                    Err(KinesisError::Throttled(entry.error_message.unwrap_or(code)))
+                }
+                Some(code) => Err(KinesisError::Failed(format!(
+                    "{code}: {}",
+                    entry.error_message.unwrap_or_default()
+                ))),
+            })
+            .collect())
     }
 }

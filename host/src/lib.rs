@@ -65,6 +65,7 @@ mod kinesis;
 pub mod lease;
 pub mod logging;
 mod ops;
+mod outputs;
 mod pipeline;
 pub mod plugin;
 mod reader;
@@ -90,8 +91,11 @@ pub mod admin {
 #[doc(hidden)]
 pub mod bench {
     pub use crate::channel::{Delivery, Record, channel};
-    pub use crate::dispatch::{CallError, Dispatcher, Handler, HandlerFactory, Outcome};
+    pub use crate::dispatch::{
+        CallError, Dispatcher, Handled, Handler, HandlerFactory, Outcome, Output,
+    };
     pub use crate::failure::Policy;
+    pub use crate::outputs::Publish;
     pub use crate::settlement::{SETTLEMENT_QUEUE, Settlement, SettlementMsg, Ticket};
     pub use crate::telemetry::Telemetry;
 }

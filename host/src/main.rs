@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use shardlane::config::Config;
 use shardlane::logging::{self, LogFormat};
-use shardlane::plugin::{PluginHost, WIT_PACKAGE};
+use shardlane::plugin::PluginHost;
 
 #[derive(Parser)]
 #[command(
@@ -71,7 +71,7 @@ fn check(path: PathBuf) -> anyhow::Result<()> {
     let host = PluginHost::for_checks().context("cannot start the WebAssembly engine")?;
     let info = host.inspect(&path)?;
     println!("{}: ok", path.display());
-    println!("world: {} ({WIT_PACKAGE})", info.world);
+    println!("world: {} ({})", info.world, info.contract);
     println!("digest: {}", info.digest);
     println!("exports:");
     for export in &info.exports {

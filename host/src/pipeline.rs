@@ -4,16 +4,18 @@
 //! ```text
 //!              assignments            deliveries (64)
 //! lease keeper ───────────▶ reader pool ───────────▶ dispatch ──▶ plugin slot
-//!      ▲                         │ open/track/close      │ settle
-//!      │  checkpoint requests    ▼                       ▼
-//!      └──────────────────── settlement ◀───────────────┘
+//!      ▲                         │ open/track/close      │ settle     │ publish (acked + outputs)
+//!      │  checkpoint requests    ▼                       ▼            ▼
+//!      └──────────────────── settlement ◀─────────────────────── output stage ──▶ Kinesis
 //! ```
 //!
 //! Every arrow is a typed, bounded channel owned by the stage that sends:
 //! the keeper says which shards to read ([`Assignment`]), the pool's
 //! readers put records into the channel and tell settlement what they read,
-//! dispatch's lanes call the plugin and tell settlement what settled, and
-//! settlement asks the keeper for checkpoints. Records flow one way; the
+//! dispatch's lanes call the plugin and tell settlement what settled (or,
+//! for an acked record with outputs, hand it to the output stage, which
+//! settles it once its outputs are put), and settlement asks the keeper
+//! for checkpoints. Records flow one way; the
 //! only way back is the checkpoint requests, which carry no records.
 //!
 //! # Shutdown
@@ -24,7 +26,8 @@
 //!    and ends, so the channel closes once empty;
 //! 3. dispatch drains the channel and ends, bounded by `shutdown_timeout`
 //!    (past it, `hard_stop` ends it where it is and unhandled records stay
-//!    unsettled);
+//!    unsettled); then the output stage puts what it holds and ends
+//!    (bounded by the same `hard_stop`);
 //! 4. settlement, its senders gone, requests each shard's final checkpoint
 //!    and ends;
 //! 5. the keeper writes those checkpoints, releases every lease (so another
@@ -44,6 +47,7 @@ use crate::failure::{DeadLetters, Policy};
 use crate::ids::{OwnerId, SubscriptionName};
 use crate::kinesis::Kinesis;
 use crate::lease::{ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, Keeper, LeaseStore};
+use crate::outputs::{OutputStage, PUBLISH_QUEUE};
 use crate::reader::ReaderContext;
 use crate::reader::pool::ReaderPool;
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
@@ -81,6 +85,7 @@ pub(crate) struct Pipeline {
     keeper: JoinHandle<()>,
     readers: JoinHandle<()>,
     dispatch: JoinHandle<()>,
+    outputs: JoinHandle<()>,
     settlement: JoinHandle<()>,
     watcher: JoinHandle<()>,
 }
@@ -102,6 +107,7 @@ impl Pipeline {
         let (settle_tx, settle_rx) = mpsc::channel(SETTLEMENT_QUEUE);
         let (checkpoint_tx, checkpoint_rx) = mpsc::channel(CHECKPOINT_QUEUE);
         let (assign_tx, assign_rx) = mpsc::channel::<Assignment>(ASSIGNMENT_QUEUE);
+        let (publish_tx, publish_rx) = mpsc::channel(PUBLISH_QUEUE);
         let fill = telemetry.gauge(
             "shardlane_channel_fill",
             "Deliveries waiting in the subscription channel (capacity 64).",
@@ -127,7 +133,15 @@ impl Pipeline {
             slot.clone(),
             policy,
             settle_tx.clone(),
+            publish_tx,
             telemetry.clone(),
+        );
+        let outputs = OutputStage::new(
+            sub.name.clone(),
+            sub.sandbox.grants.outputs.iter().cloned(),
+            Arc::new(kinesis.clone()),
+            settle_tx.clone(),
+            &telemetry,
         );
         let pool = ReaderPool::new(ReaderContext {
             kinesis: kinesis.clone(),
@@ -151,6 +165,7 @@ impl Pipeline {
             shutdown_timeout: sub.shutdown_timeout,
             settlement: tokio::spawn(settlement.run(settle_rx)),
             dispatch: tokio::spawn(dispatcher.run(deliveries_rx, hard_stop.clone())),
+            outputs: tokio::spawn(outputs.run(publish_rx, hard_stop.clone())),
             readers: tokio::spawn(pool.run(assign_rx)),
             keeper: tokio::spawn(keeper.run(assign_tx, checkpoint_rx, stop.clone())),
             watcher: tokio::spawn(slot.watch(stop_watching.clone())),
@@ -174,6 +189,7 @@ impl Pipeline {
         for (stage, task) in [
             ("readers", self.readers),
             ("dispatch", self.dispatch),
+            ("outputs", self.outputs),
             ("settlement", self.settlement),
             ("lease keeper", self.keeper),
         ] {

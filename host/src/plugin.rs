@@ -37,7 +37,8 @@
 //!   host lowering a batch into the guest's memory: dispatch splits such a
 //!   batch). Optional fuel per call bounds CPU deterministically.
 //! - Config may grant environment variables by name and one read-only
-//!   preopened directory; nothing else.
+//!   preopened directory; and, to 0.2.0 plugins, output streams, a config
+//!   table and HTTP destinations (see [`host`]); nothing else.
 //! - Guest logging is rate-limited per instance (a token bucket of
 //!   `log_rate` lines a second, bursts of twice that); lines over the limit
 //!   are dropped and counted, and the count is logged at most once a second
@@ -110,8 +111,30 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// megabytes. Reasons and trap messages are cut to the same length.
 pub const MAX_LOG_MESSAGE: usize = crate::logging::MAX_GUEST_TEXT;
 
-/// The WIT package every plugin is written against.
-pub const WIT_PACKAGE: &str = "shardlane:plugin@0.1.0";
+/// The WIT package new plugins are written against (`wit/`); plugins of
+/// every earlier [`Contract`] still run.
+pub const WIT_PACKAGE: &str = "shardlane:plugin@0.2.0";
+
+/// Which version of the plugin contract a component targets, told from the
+/// `shardlane:plugin` interfaces it imports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Contract {
+    /// `shardlane:plugin@0.1.0` (frozen, `wit/v0.1.0`):
+    /// `log` only.
+    V0_1,
+    /// `shardlane:plugin@0.2.0` (`wit/`): `log`, `outputs`,
+    /// `wasi:config/store`, `wasi:http/outgoing-handler`.
+    V0_2,
+}
+
+impl fmt::Display for Contract {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Contract::V0_1 => "shardlane:plugin@0.1.0",
+            Contract::V0_2 => "shardlane:plugin@0.2.0",
+        })
+    }
+}
 
 /// Which world a component implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,6 +159,8 @@ impl fmt::Display for World {
 pub struct PluginInfo {
     /// The world it implements.
     pub world: World,
+    /// The contract version it targets.
+    pub contract: Contract,
     /// Its digest.
     pub digest: PluginDigest,
     /// Every import, by name.

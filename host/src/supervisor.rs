@@ -63,6 +63,14 @@ pub struct LoadedSubscription {
 /// # Errors
 /// One line naming the subscription, the plugin and the reason.
 pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSubscription>)> {
+    load(config, None)
+}
+
+/// [`load_plugins`], the plugins registering their metrics in `telemetry`.
+fn load(
+    config: &Config,
+    telemetry: Option<Arc<Telemetry>>,
+) -> anyhow::Result<(PluginHost, Vec<LoadedSubscription>)> {
     let max_memory = config
         .subscriptions
         .iter()
@@ -86,6 +94,10 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSu
     let plugins = PluginHost::new(max_memory, config.max_core_instances, fuel)
         .context("cannot start the WebAssembly engine")?
         .with_cache(cache);
+    let plugins = match telemetry {
+        Some(telemetry) => plugins.with_telemetry(telemetry),
+        None => plugins,
+    };
     let mut loaded = Vec::new();
     for (i, sub) in config.subscriptions.iter().enumerate() {
         let load = |path: &std::path::Path| {
@@ -113,7 +125,7 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSu
         }
         tracing::info!(
             subscription = %sub.name, plugin = %sub.plugin.display(), digest = %plugin.digest(),
-            world = %plugin.world(), mode = ?sub.dispatch, batch = ?sub.batch, "plugin loaded"
+            world = %plugin.world(), contract = %plugin.contract(), mode = ?sub.dispatch, batch = ?sub.batch, "plugin loaded"
         );
         let canary = match &sub.canary {
             None => None,
@@ -154,7 +166,8 @@ pub fn load_plugins(config: &Config) -> anyhow::Result<(PluginHost, Vec<LoadedSu
 /// exist, a subscription whose plugin world does not fit its config, a lease
 /// store that cannot be opened, an admin address that cannot be bound.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let (plugins, loaded) = load_plugins(&config)?;
+    let telemetry = Telemetry::new();
+    let (plugins, loaded) = load(&config, Some(telemetry.clone()))?;
     let kinesis = Kinesis::connect(&config.aws).await;
     for (i, sub) in loaded.iter().map(|l| &l.config).enumerate() {
         let context = || format!("subscription[{i}] ({})", sub.name);
@@ -163,6 +176,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .with_context(context)?;
         if let OnFailure::DeadLetter(dlq) = &sub.failure.on_failure {
             check_stream(&kinesis, dlq, "dead_letter_stream")
+                .await
+                .with_context(context)?;
+        }
+        for output in &sub.sandbox.grants.outputs {
+            check_stream(&kinesis, output, "outputs")
                 .await
                 .with_context(context)?;
         }
@@ -176,7 +194,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         .unwrap_or_else(default_owner_id);
     tracing::info!(owner = %owner, subscriptions = loaded.len(), "shardlane running");
 
-    let telemetry = Telemetry::new();
     let mut slots = BTreeMap::new();
     let mut pipelines = Vec::new();
     for LoadedSubscription {

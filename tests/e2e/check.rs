@@ -49,6 +49,24 @@ fn accepts_the_echo_plugin() {
 }
 
 #[test]
+fn names_the_contract_version_a_plugin_targets() {
+    let guests = guests::build().unwrap();
+    let (ok, stdout, stderr) = check(&guests.publisher);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("world: record-handler (shardlane:plugin@0.2.0)"),
+        "{stdout}"
+    );
+    for import in [
+        "shardlane:plugin/outputs@0.2.0",
+        "wasi:config/store@0.2.0-rc.1",
+        "wasi:http/outgoing-handler@0.2.12",
+    ] {
+        assert!(stdout.contains(import), "{import} listed: {stdout}");
+    }
+}
+
+#[test]
 fn refuses_bad_inputs_with_one_line_each() {
     let guests = guests::build().unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -100,7 +100,11 @@ fn plugin_world_must_fit_the_batch_config() {
 
 /// Runs the host against a live emulator with `extra` in its one
 /// subscription; returns (success, stderr).
-async fn start_against(kinesis_endpoint: &str, stream: &str, extra: &str) -> (bool, String) {
+pub(crate) async fn start_against(
+    kinesis_endpoint: &str,
+    stream: &str,
+    extra: &str,
+) -> (bool, String) {
     let guests = shardlane_testkit::guests::build().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shardlane.toml");

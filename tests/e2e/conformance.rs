@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use shardlane_testkit::http_server::HttpServer;
 use shardlane_testkit::{HostProcess, Kinesis, Language, LogLine, build_examples, unique_name};
 
 use crate::common::{config, field, seq_key, shardlane_bin, subscription};
@@ -287,6 +288,91 @@ async fn c() {
 /// A Python component has many core instances: it fits the default pool
 /// (the `python` test runs it), and a pool sized below it refuses it at
 /// load with one line naming the plugin, the limit and the config key.
+/// `enrich` (contract 0.2.0): each record's key looked up over HTTP on a
+/// local server, the record and what came back published to the output
+/// stream, acked; a 5xx lookup is retried, a 4xx rejected. The same output
+/// stream content in every language that has it.
+async fn enrich(lang: Language) {
+    let examples = build_examples(lang).unwrap();
+    let plugin = examples
+        .enrich
+        .unwrap_or_else(|| panic!("{} has no enrich example", lang.dir()));
+    let kinesis = Kinesis::start().await.unwrap();
+    let server = HttpServer::start().unwrap();
+    let name = |s: &str| unique_name(&format!("{}-{s}", lang.dir()));
+    let (input, output) = (name("orders"), name("enriched"));
+    kinesis.create_stream(&input, 1).await.unwrap();
+    kinesis.create_stream(&output, 1).await.unwrap();
+    // Keys `flaky*`: the lookup answers 503 first, so those are retried.
+    let records: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| {
+            let key = if i % 4 == 3 {
+                format!("flaky{}", i % 8)
+            } else {
+                format!("c{}", i % 4)
+            };
+            (key, format!("{{\"amount\":{i}}}").into_bytes())
+        })
+        .collect();
+    let put = kinesis.put_records(&input, &records).await.unwrap();
+    let cfg = config(
+        "enrich",
+        &input,
+        &plugin,
+        &format!(
+            "start = \"trim_horizon\"\noutputs = [\"{output}\"]\nconfig = {{ lookup_url = \"{}\", output_stream = \"{output}\" }}\nhttp = {{ allow = [\"{}\"] }}",
+            server.url("/customers"),
+            server.authority()
+        ),
+    );
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    let got = loop {
+        let got = kinesis.read_all(&output).await.unwrap();
+        if got.len() >= records.len() || tokio::time::Instant::now() > deadline {
+            break got;
+        }
+        // Polling the emulator while the host enriches.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    host.terminate().await.unwrap();
+    assert_eq!(got.len(), records.len(), "one output per input");
+    // Outputs of different keys may interleave in any order; each key's
+    // keep its inputs' order.
+    let mut by_id: HashMap<String, (String, serde_json::Value)> = HashMap::new();
+    let mut order: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (key, out) in &got {
+        let out: serde_json::Value = serde_json::from_slice(out).unwrap();
+        let id = out["id"].as_str().unwrap().to_owned();
+        order.entry(key.clone()).or_default().push(id.clone());
+        by_id.insert(id, (key.clone(), out));
+    }
+    let mut want_order: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for ((key, data), (shard, seq)) in records.iter().zip(&put) {
+        let id = format!("{shard}/{seq}");
+        want_order.entry(key.clone()).or_default().push(id.clone());
+        let (out_key, out) = by_id
+            .get(&id)
+            .unwrap_or_else(|| panic!("no output for input {id}"));
+        assert_eq!(out_key, key, "the input's partition key");
+        assert_eq!(out["input"], String::from_utf8_lossy(data).as_ref());
+        assert_eq!(out["customer"]["id"], key.as_str());
+        assert_eq!(out["customer"]["name"], format!("customer {key}"));
+    }
+    assert_eq!(order, want_order, "per key, outputs in input order");
+    let retried = host
+        .lines()
+        .iter()
+        .filter(|l| field(l, "message") == "handler asked to retry")
+        .count();
+    assert_eq!(retried, 2, "one 503 per flaky key, each retried once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_enrich() {
+    enrich(Language::Rust).await;
+}
+
 #[test]
 fn a_plugin_larger_than_the_pool_is_refused_naming_the_limit() {
     let examples = build_examples(Language::Python).unwrap();

@@ -18,4 +18,5 @@ mod hostile;
 mod lanes;
 mod leases;
 mod ops;
+mod outputs;
 mod pipeline;

@@ -91,6 +91,17 @@ pub(super) struct RawSubscription {
     pub(super) env: Option<Vec<String>>,
     pub(super) preopen: Option<RawPreopen>,
     pub(super) log_rate: Option<i64>,
+    pub(super) outputs: Option<Vec<String>>,
+    pub(super) http: Option<RawHttp>,
+    pub(super) config: Option<toml::Table>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHttp {
+    pub(super) allow: Vec<String>,
+    pub(super) timeout: Option<String>,
+    pub(super) max_response: Option<String>,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq)]

@@ -313,3 +313,88 @@ fn unknown_lease_store_is_named() {
     assert!(err.contains("lease.store"), "{err}");
     assert!(err.contains("etcd"), "{err}");
 }
+
+#[test]
+fn grants_outputs_config_and_http() {
+    let config = parse(&format!(
+        "{MINIMAL}outputs = [\"enriched\", \"audit\"]\nconfig = {{ lookup_url = \"http://127.0.0.1:8080/customers\", mode = \"fast\" }}\nhttp = {{ allow = [\"127.0.0.1:8080\", \"API.example.com:443\", \"[::1]:9000\"], timeout = \"2s\", max_response = \"64KiB\" }}\n"
+    ))
+    .unwrap();
+    let grants = &config.subscriptions[0].sandbox.grants;
+    assert_eq!(
+        grants
+            .outputs
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>(),
+        ["audit", "enriched"]
+    );
+    assert_eq!(grants.config["mode"], "fast");
+    let http = grants.http.as_ref().unwrap();
+    assert_eq!(
+        http.allow
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["127.0.0.1:8080", "api.example.com:443", "::1:9000"]
+    );
+    assert_eq!(http.timeout, Duration::from_secs(2));
+    assert_eq!(http.max_response, 64 << 10);
+    let none = parse(MINIMAL).unwrap();
+    assert_eq!(
+        *none.subscriptions[0].sandbox.grants,
+        Grants::default(),
+        "nothing by default"
+    );
+}
+
+#[test]
+fn bad_grants_are_named_on_one_line() {
+    for (extra, key, why) in [
+        (
+            "config = { retries = 3 }",
+            "subscription[0].config.retries",
+            "3 (integer) is not a string",
+        ),
+        (
+            "config = { nested = { a = \"b\" } }",
+            "subscription[0].config.nested",
+            "not a string",
+        ),
+        (
+            "http = { allow = [\"api.example.com\"] }",
+            "subscription[0].http.allow[0]",
+            "the port is required",
+        ),
+        (
+            "http = { allow = [\"host:99999\"] }",
+            "subscription[0].http.allow[0]",
+            "no valid port",
+        ),
+        (
+            "http = { allow = [\"http://host:80\"] }",
+            "subscription[0].http.allow[0]",
+            "is not host:port",
+        ),
+        (
+            "http = { allow = [\"h:80\"], max_response = \"lots\" }",
+            "subscription[0].http.max_response",
+            "is not a size",
+        ),
+        (
+            "outputs = [\"a\", \"a\"]",
+            "subscription[0].outputs[1]",
+            "listed twice",
+        ),
+        (
+            "outputs = [\"\"]",
+            "subscription[0].outputs[0]",
+            "must not be empty",
+        ),
+    ] {
+        let err = parse(&format!("{MINIMAL}{extra}\n")).unwrap_err();
+        assert!(err.contains(&format!("key `{key}`")), "{extra}: {err}");
+        assert!(err.contains(why), "{extra}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}

@@ -7,18 +7,20 @@
 //! failure policy, sandbox and canary), `[admin]`, `[engine]`, `[aws]`; the
 //! first bad key stops validation.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::raw::{
-    RawAdmin, RawAws, RawBackoff, RawCanary, RawConfig, RawEngine, RawLease, RawOnFailure,
+    RawAdmin, RawAws, RawBackoff, RawCanary, RawConfig, RawEngine, RawHttp, RawLease, RawOnFailure,
     RawPreopen, RawStart, RawSubscription,
 };
 use super::{
     AdminConfig, AwsConfig, AwsTimeouts, BatchConfig, CanaryConfig, Config, ConfigError,
-    DispatchMode, FailurePolicy, LeaseBackend, LeaseConfig, LeaseStoreKind, OnFailure, Preopen,
-    SandboxConfig, StartPosition, SubscriptionConfig, default_cache_dir, defaults, parse_size,
+    DispatchMode, FailurePolicy, Grants, HttpDestination, HttpGrant, LeaseBackend, LeaseConfig,
+    LeaseStoreKind, OnFailure, Preopen, SandboxConfig, StartPosition, SubscriptionConfig,
+    default_cache_dir, defaults, parse_size,
 };
 use crate::ids::{StreamName, SubscriptionName};
 use crate::swap::KeySlice;
@@ -613,6 +615,69 @@ impl Subscription<'_, '_> {
             env,
             preopen,
             log_rate,
+            grants: Arc::new(self.grants(sub)?),
+        })
+    }
+
+    /// `outputs`, `config` and `http`: what a 0.2.0 plugin may reach.
+    fn grants(&self, sub: &RawSubscription) -> Result<Grants, ConfigError> {
+        let mut outputs = BTreeSet::new();
+        for (j, stream) in sub.outputs.iter().flatten().enumerate() {
+            if stream.trim().is_empty() {
+                return Err(self.invalid(&format!("outputs[{j}]"), "must not be empty"));
+            }
+            if !outputs.insert(StreamName::new(stream.as_str())) {
+                return Err(self.invalid(
+                    &format!("outputs[{j}]"),
+                    format!("{stream:?} is listed twice"),
+                ));
+            }
+        }
+        let mut config = BTreeMap::new();
+        for (key, value) in sub.config.iter().flatten() {
+            let Some(text) = value.as_str() else {
+                return Err(self.invalid(
+                    &format!("config.{key}"),
+                    format!(
+                        "{value} ({}) is not a string: config values reach the plugin as strings (quote it)",
+                        value.type_str()
+                    ),
+                ));
+            };
+            config.insert(key.clone(), text.to_owned());
+        }
+        let http = match &sub.http {
+            None => None,
+            Some(http) => Some(self.http(http)?),
+        };
+        Ok(Grants {
+            outputs,
+            config,
+            http,
+        })
+    }
+
+    fn http(&self, http: &RawHttp) -> Result<HttpGrant, ConfigError> {
+        let mut allow = Vec::with_capacity(http.allow.len());
+        for (j, entry) in http.allow.iter().enumerate() {
+            allow.push(parse_destination(entry).map_err(|why| {
+                self.invalid(&format!("http.allow[{j}]"), format!("{entry:?} {why}"))
+            })?);
+        }
+        Ok(HttpGrant {
+            allow,
+            timeout: self.duration(
+                "http.timeout",
+                http.timeout.as_deref(),
+                defaults::HTTP_TIMEOUT,
+            )?,
+            max_response: self.v.size(
+                &self.at("http.max_response"),
+                http.max_response.as_deref(),
+                defaults::HTTP_MAX_RESPONSE as usize,
+                (1, "1 byte"),
+                "\"1MiB\", \"64KiB\"",
+            )? as u64,
         })
     }
 
@@ -650,4 +715,31 @@ impl Subscription<'_, '_> {
             slice,
         }))
     }
+}
+
+/// `host:port` (an IPv6 address in brackets: `[::1]:8080`), the port
+/// required; the host kept in lower case.
+fn parse_destination(entry: &str) -> Result<HttpDestination, &'static str> {
+    let (host, port) = entry
+        .rsplit_once(':')
+        .ok_or("is not host:port (the port is required, e.g. \"api.example.com:443\")")?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty()
+        || host.contains(['/', ' ', '@'])
+        || host.contains(':') && !entry.starts_with('[')
+    {
+        return Err("is not host:port (write an IPv6 address in brackets: \"[::1]:8080\")");
+    }
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or("has no valid port (1 to 65535)")?;
+    Ok(HttpDestination {
+        host: host.to_ascii_lowercase(),
+        port,
+    })
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::channel::Record;
-use crate::ids::{LaneId, PluginDigest};
+use crate::ids::{LaneId, PartitionKey, PluginDigest, StreamName};
 
 /// What a handler says about one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +26,40 @@ pub enum Outcome {
     /// Never: the record settles by the failure policy (skipped or
     /// dead-lettered).
     Reject(String),
+}
+
+/// A record a call published for one of its inputs (contract 0.2.0
+/// `outputs`): published only if that input's attempt acks, and the input
+/// settles only once it is durably in its stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// The input it belongs to: its index in the call (0 for a record).
+    pub input: u32,
+    /// The stream to put it to (one the subscription grants).
+    pub stream: StreamName,
+    /// Its partition key.
+    pub partition_key: PartitionKey,
+    /// Its payload.
+    pub data: Vec<u8>,
+}
+
+/// What a call answered: its outcome(s), and the outputs it published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled<T> {
+    /// One outcome (`handle`) or one per record (`handle-batch`).
+    pub outcome: T,
+    /// Every output the call published, in publish order.
+    pub outputs: Vec<Output>,
+}
+
+impl<T> Handled<T> {
+    /// An answer without outputs.
+    pub fn new(outcome: T) -> Self {
+        Self {
+            outcome,
+            outputs: Vec::new(),
+        }
+    }
 }
 
 /// Why one handler call did not return an outcome.
@@ -75,13 +109,13 @@ pub trait Handler: Send + 'static {
         &mut self,
         record: &Arc<Record>,
         attempt: u32,
-    ) -> impl Future<Output = Result<Outcome, CallError>> + Send;
+    ) -> impl Future<Output = Result<Handled<Outcome>, CallError>> + Send;
 
     /// Handles a batch; one outcome per record, in order.
     fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
-    ) -> impl Future<Output = Result<Vec<Outcome>, CallError>> + Send;
+    ) -> impl Future<Output = Result<Handled<Vec<Outcome>>, CallError>> + Send;
 
     /// The plugin version that handles `record` in this instance (with a
     /// canary it depends on the key); named in dead-letter envelopes.

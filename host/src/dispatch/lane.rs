@@ -32,13 +32,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::batch::BatchCollector;
-use super::{CallError, Handler, HandlerFactory, Outcome};
+use super::{CallError, Handled, Handler, HandlerFactory, Outcome, Output};
 use crate::backoff::Backoff;
 use crate::channel::{Delivery, DeliveryReceiver, Record};
 use crate::config::{BatchConfig, SubscriptionConfig};
 use crate::failure::{self, LastFailure, Next, Policy};
 use crate::ids::{LaneId, PluginDigest};
 use crate::logging::{MAX_GUEST_TEXT, cap};
+use crate::outputs::{Publish, PublishSender};
 use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
 use crate::telemetry::spans;
 
@@ -63,6 +64,8 @@ pub(super) struct Lane<F: HandlerFactory> {
     factory: Arc<F>,
     handler: Option<F::Handler>,
     settlement: SettlementSender,
+    /// Where acked records with outputs go instead of settling.
+    publisher: PublishSender,
     metrics: LaneMetrics,
     /// The factory's plugin generation the instance was made from.
     generation: u64,
@@ -83,19 +86,26 @@ struct Item {
     attempt: u32,
 }
 
-/// What one call answered: an outcome per record of the group, in order.
-enum Answer {
+/// What one call answered: an outcome per record of the group, in order,
+/// and the outputs it published.
+struct Answer {
+    outcomes: Outcomes,
+    outputs: Vec<Output>,
+}
+
+/// One outcome, or one per record of a batch.
+enum Outcomes {
     One(Option<Outcome>),
     Many(std::vec::IntoIter<Outcome>),
 }
 
-impl Iterator for Answer {
+impl Iterator for Outcomes {
     type Item = Outcome;
 
     fn next(&mut self) -> Option<Outcome> {
         match self {
-            Answer::One(one) => one.take(),
-            Answer::Many(many) => many.next(),
+            Outcomes::One(one) => one.take(),
+            Outcomes::Many(many) => many.next(),
         }
     }
 }
@@ -107,6 +117,7 @@ impl<F: HandlerFactory> Lane<F> {
         policy: Arc<Policy>,
         factory: Arc<F>,
         settlement: SettlementSender,
+        publisher: PublishSender,
         metrics: LaneMetrics,
     ) -> Self {
         Self {
@@ -116,6 +127,7 @@ impl<F: HandlerFactory> Lane<F> {
             factory,
             handler: None,
             settlement,
+            publisher,
             metrics,
             generation: 0,
             spare: Vec::new(),
@@ -256,13 +268,13 @@ impl<F: HandlerFactory> Lane<F> {
         let result = if batches {
             tokio::select! {
                 _ = hard_stop.cancelled() => None,
-                r = handler.handle_batch(&args).instrument(span) => Some(r.and_then(|outcomes| {
+                r = handler.handle_batch(&args).instrument(span) => Some(r.and_then(|Handled { outcome, outputs }| {
                     // One outcome per record, or the call failed: a record
                     // without one would be neither settled nor retried.
-                    if outcomes.len() == group.len() {
-                        Ok(Answer::Many(outcomes.into_iter()))
+                    if outcome.len() == group.len() {
+                        Ok(Answer { outcomes: Outcomes::Many(outcome.into_iter()), outputs })
                     } else {
-                        Err(CallError::WrongOutcomeCount { got: outcomes.len(), want: group.len() })
+                        Err(CallError::WrongOutcomeCount { got: outcome.len(), want: group.len() })
                     }
                 })),
             }
@@ -272,7 +284,10 @@ impl<F: HandlerFactory> Lane<F> {
             } = &group[0];
             tokio::select! {
                 _ = hard_stop.cancelled() => None,
-                r = handler.handle(record, *attempt).instrument(span) => Some(r.map(|o| Answer::One(Some(o)))),
+                r = handler.handle(record, *attempt).instrument(span) => Some(r.map(|Handled { outcome, outputs }| Answer {
+                    outcomes: Outcomes::One(Some(outcome)),
+                    outputs,
+                })),
             }
         };
         args.clear();
@@ -344,8 +359,17 @@ impl<F: HandlerFactory> Lane<F> {
         let lone = group.len() == 1;
         let mut acked = Vec::new();
         let mut again = Vec::new();
-        for (item, outcome) in group.drain(..).zip(answer) {
+        let Answer { outcomes, outputs } = answer;
+        let mut outputs = OutputsByInput::new(outputs);
+        for (index, (item, outcome)) in group.drain(..).zip(outcomes).enumerate() {
+            // Only an acking attempt publishes: its outputs go on with it,
+            // every other outcome's are dropped here.
+            let published = outputs.take(index);
             match outcome {
+                Outcome::Ack if !published.is_empty() => {
+                    self.metrics.acked.inc();
+                    self.publish(item.ticket, published).await;
+                }
                 Outcome::Ack => {
                     self.metrics.acked.inc();
                     if lone {
@@ -573,11 +597,50 @@ impl<F: HandlerFactory> Lane<F> {
         self.handler.as_ref().and_then(|h| h.version(record))
     }
 
+    /// Hands an acked record's outputs to the output stage, which settles
+    /// the record once they are put (waiting while the stage is full).
+    async fn publish(&mut self, ticket: Ticket, outputs: Vec<Output>) {
+        // The stage outlives dispatch (it ends when its inbox closes), so
+        // this only fails if it died; the record then stays unsettled and
+        // is read again after a restart.
+        let _ = self.publisher.send(Publish { ticket, outputs }).await;
+    }
+
     async fn settle(&mut self, msg: SettlementMsg) {
         // Settlement outlives dispatch (it ends when the last sender is
         // dropped), so this only fails if it died; nothing can checkpoint
         // then, and the records are read again after a restart.
         let _ = self.settlement.send(msg).await;
+    }
+}
+
+/// A call's outputs, taken input by input in index order.
+struct OutputsByInput {
+    outputs: std::iter::Peekable<std::vec::IntoIter<Output>>,
+}
+
+impl OutputsByInput {
+    fn new(mut outputs: Vec<Output>) -> Self {
+        // Stable: an input's outputs keep their publish order.
+        outputs.sort_by_key(|o| o.input);
+        Self {
+            outputs: outputs.into_iter().peekable(),
+        }
+    }
+
+    /// The outputs of input `index` (earlier inputs' leftovers dropped).
+    fn take(&mut self, index: usize) -> Vec<Output> {
+        let mut mine = Vec::new();
+        while let Some(next) = self.outputs.peek() {
+            match (next.input as usize).cmp(&index) {
+                std::cmp::Ordering::Less => {
+                    self.outputs.next();
+                }
+                std::cmp::Ordering::Equal => mine.extend(self.outputs.next()),
+                std::cmp::Ordering::Greater => break,
+            }
+        }
+        mine
     }
 }
 

@@ -1,40 +1,88 @@
-//! Generated bindings for the `shardlane:plugin@0.1.0` worlds (`wit/`).
+//! Generated bindings for every contract version the host runs: the
+//! current `shardlane:plugin@0.2.0` (`wit/`) and the frozen 0.1.0
+//! (`wit/v0.1.0`), each with its two worlds.
 //!
-//! Two worlds share the `types` and `log` interfaces: `record-handler`
-//! (export `handle`) and `batch-handler` (export `handle-batch`). Both are
-//! generated here, the batch world reusing the record world's interface
-//! bindings (`with:`) so one `log` host implementation serves both and the
-//! Rust types of a record and an outcome are the same in both worlds.
+//! In each version the batch world reuses the record world's interface
+//! bindings (`with:`), so one host implementation of `log` (and `outputs`)
+//! serves both worlds and the Rust types of a record and an outcome are the
+//! same in both. The 0.2.0 worlds' WASI imports (`wasi:http`, `wasi:io`,
+//! `wasi:clocks`) map onto wasmtime-wasi's and wasmtime-wasi-http's own
+//! bindings, which the linker gets from those crates.
 //!
 //! Exports are async: a call can yield at every epoch tick, which is what
 //! lets the host time out a guest that loops (see [`super`]). The generated
 //! `*Pre` types look every export up once, before any instantiation.
 
-/// The `record-handler` world and the shared interfaces.
-pub(super) mod record {
-    wasmtime::component::bindgen!({
-        path: "../wit",
-        world: "record-handler",
-        exports: { default: async },
-        // Records are lowered into the guest straight from borrowed host
-        // data: no String/Vec copies per record per call.
-        ownership: Borrowing { duplicate_if_necessary: false },
-    });
+/// `shardlane:plugin@0.1.0`, frozen.
+pub(super) mod v1 {
+    /// The `record-handler` world and the shared interfaces.
+    pub(crate) mod record {
+        wasmtime::component::bindgen!({
+            path: "../wit/v0.1.0",
+            world: "shardlane:plugin/record-handler@0.1.0",
+            exports: { default: async },
+            // Records are lowered into the guest straight from borrowed host
+            // data: no String/Vec copies per record per call.
+            ownership: Borrowing { duplicate_if_necessary: false },
+        });
+    }
+
+    /// The `batch-handler` world.
+    pub(crate) mod batch {
+        wasmtime::component::bindgen!({
+            path: "../wit/v0.1.0",
+            world: "shardlane:plugin/batch-handler@0.1.0",
+            exports: { default: async },
+            ownership: Borrowing { duplicate_if_necessary: false },
+            with: {
+                "shardlane:plugin/types": super::record::shardlane::plugin::types,
+                "shardlane:plugin/log": super::record::shardlane::plugin::log,
+            },
+        });
+    }
+
+    pub(crate) use record::shardlane::plugin::log;
+    pub(crate) use record::shardlane::plugin::types::{KinesisRecord, Outcome};
 }
 
-/// The `batch-handler` world.
-pub(super) mod batch {
-    wasmtime::component::bindgen!({
-        path: "../wit",
-        world: "batch-handler",
-        exports: { default: async },
-        ownership: Borrowing { duplicate_if_necessary: false },
-        with: {
-            "shardlane:plugin/types": super::record::shardlane::plugin::types,
-            "shardlane:plugin/log": super::record::shardlane::plugin::log,
-        },
-    });
-}
+/// `shardlane:plugin@0.2.0`, the current contract.
+pub(super) mod v2 {
+    /// The `record-handler` world and the shared interfaces.
+    pub(crate) mod record {
+        wasmtime::component::bindgen!({
+            path: "../wit",
+            world: "shardlane:plugin/record-handler@0.2.0",
+            exports: { default: async },
+            ownership: Borrowing { duplicate_if_necessary: false },
+            with: {
+                "wasi:io": wasmtime_wasi::p2::bindings::io,
+                "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+                "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+            },
+        });
+    }
 
-pub(super) use record::shardlane::plugin::log::{self, Level};
-pub(super) use record::shardlane::plugin::types::{KinesisRecord, Outcome};
+    /// The `batch-handler` world.
+    pub(crate) mod batch {
+        wasmtime::component::bindgen!({
+            path: "../wit",
+            world: "shardlane:plugin/batch-handler@0.2.0",
+            exports: { default: async },
+            ownership: Borrowing { duplicate_if_necessary: false },
+            with: {
+                "shardlane:plugin/types": super::record::shardlane::plugin::types,
+                "shardlane:plugin/log": super::record::shardlane::plugin::log,
+                "shardlane:plugin/outputs": super::record::shardlane::plugin::outputs,
+                "wasi:config/store": super::record::wasi::config::store,
+                "wasi:io": wasmtime_wasi::p2::bindings::io,
+                "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+                "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+            },
+        });
+    }
+
+    pub(crate) use record::shardlane::plugin::log;
+    pub(crate) use record::shardlane::plugin::outputs;
+    pub(crate) use record::shardlane::plugin::types::{KinesisRecord, Outcome};
+    pub(crate) use record::wasi::config::store as config;
+}

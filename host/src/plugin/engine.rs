@@ -9,15 +9,14 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, HasSelf, Linker, types::ComponentItem};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::bindings;
-use super::bindings::batch::BatchHandlerPre;
-use super::bindings::record::RecordHandlerPre;
+use super::bindings::{v1, v2};
 use super::cache::CompileCache;
-use super::host::HostState;
+use super::host::{HostState, HttpMetrics};
 use super::instance::{Plugin, PluginPre};
-use super::{EPOCH_TICK, MAX_LOG_MESSAGE, PluginError, PluginInfo, World};
+use super::{Contract, EPOCH_TICK, MAX_LOG_MESSAGE, PluginError, PluginInfo, World};
 use crate::config::{SandboxConfig, defaults};
 use crate::ids::{PluginDigest, SubscriptionName};
+use crate::telemetry::Telemetry;
 
 /// The engine and linker every plugin of this process shares.
 #[derive(Clone)]
@@ -28,6 +27,8 @@ pub struct PluginHost {
     /// The pool's `max_core_instances_per_component`, for error messages.
     max_core_instances: u32,
     cache: Option<Arc<CompileCache>>,
+    /// Where plugins register their metrics (none for `check`/`validate`).
+    telemetry: Option<Arc<Telemetry>>,
 }
 
 impl PluginHost {
@@ -68,14 +69,25 @@ impl PluginHost {
 
         let mut linker = Linker::<HostState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        bindings::log::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+        v1::log::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        v2::log::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        v2::outputs::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        v2::config::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         Ok(Self {
             engine,
             linker: Arc::new(linker),
             fuel,
             max_core_instances,
             cache: None,
+            telemetry: None,
         })
+    }
+
+    /// Plugins loaded from now on count their HTTP requests in `telemetry`.
+    pub(crate) fn with_telemetry(mut self, telemetry: Arc<Telemetry>) -> Self {
+        self.telemetry = Some(telemetry);
+        self
     }
 
     /// Keeps compiled components in `cache` (see [`CompileCache`]).
@@ -201,10 +213,11 @@ impl PluginHost {
         let (component, digest) = self.compile(path)?;
         let world = self.world_of(path, &component)?;
         // Linking proves every import is provided and the export matches.
-        self.pre(path, &component, world)?;
+        let (contract, _) = self.pre(path, &component, world)?;
         let ty = component.component_type();
         Ok(PluginInfo {
             world,
+            contract,
             digest,
             imports: ty
                 .imports(&self.engine)
@@ -217,25 +230,29 @@ impl PluginHost {
         })
     }
 
+    /// Links `component` and looks its export up: pre-instantiated, in
+    /// the contract version its imports name.
     fn pre(
         &self,
         path: &Path,
         component: &Component,
         world: World,
-    ) -> Result<PluginPre, PluginError> {
+    ) -> Result<(Contract, PluginPre), PluginError> {
         // Told from the component's import names, which say which package
         // each comes from, against the packages this host links: wasmtime
         // reports a failed link only as text.
-        if let Some((import, _)) = component
-            .component_type()
+        let ty = component.component_type();
+        let imports: Vec<String> = ty
             .imports(&self.engine)
-            .find(|(name, _)| !links(name))
-        {
+            .map(|(n, _)| n.to_owned())
+            .collect();
+        if let Some(import) = imports.iter().find(|name| !links(name)) {
             return Err(PluginError::MissingImport {
                 path: path.to_owned(),
-                import: import.to_owned(),
+                import: import.clone(),
             });
         }
+        let contract = contract_of(&imports);
         let pre = self
             .linker
             .instantiate_pre(component)
@@ -247,16 +264,24 @@ impl PluginHost {
             path: path.to_owned(),
             export,
             world,
+            contract,
             reason: one_line(&e),
         };
-        Ok(match world {
-            World::RecordHandler => {
-                PluginPre::Record(RecordHandlerPre::new(pre).map_err(|e| bad_export("handle", e))?)
-            }
-            World::BatchHandler => PluginPre::Batch(
-                BatchHandlerPre::new(pre).map_err(|e| bad_export("handle-batch", e))?,
+        let pre = match (contract, world) {
+            (Contract::V0_1, World::RecordHandler) => PluginPre::V1Record(
+                v1::record::RecordHandlerPre::new(pre).map_err(|e| bad_export("handle", e))?,
             ),
-        })
+            (Contract::V0_1, World::BatchHandler) => PluginPre::V1Batch(
+                v1::batch::BatchHandlerPre::new(pre).map_err(|e| bad_export("handle-batch", e))?,
+            ),
+            (Contract::V0_2, World::RecordHandler) => PluginPre::V2Record(
+                v2::record::RecordHandlerPre::new(pre).map_err(|e| bad_export("handle", e))?,
+            ),
+            (Contract::V0_2, World::BatchHandler) => PluginPre::V2Batch(
+                v2::batch::BatchHandlerPre::new(pre).map_err(|e| bad_export("handle-batch", e))?,
+            ),
+        };
+        Ok((contract, pre))
     }
 
     /// Compiles a plugin, tells its world and pre-instantiates it, for the
@@ -317,12 +342,19 @@ impl PluginHost {
         sandbox: SandboxConfig,
     ) -> Result<Plugin, PluginError> {
         let world = self.world_of(path, &component)?;
-        let pre = self.pre(path, &component, world)?;
+        let (contract, pre) = self.pre(path, &component, world)?;
+        let http_metrics = self
+            .telemetry
+            .as_ref()
+            .map(|t| HttpMetrics::new(t, subscription.as_str()))
+            .unwrap_or_default();
         Ok(Plugin::new(
             path.to_owned(),
             digest,
             world,
+            contract,
             pre,
+            http_metrics,
             self.engine.clone(),
             subscription,
             handler_timeout,
@@ -344,11 +376,34 @@ const LINKED_PACKAGES: &[(&str, &str)] = &[
     ("wasi:filesystem", "0.2"),
     ("wasi:sockets", "0.2"),
     ("shardlane:plugin", "0.1"),
+    ("shardlane:plugin", "0.2"),
+    ("wasi:http", "0.2"),
 ];
+
+/// `wasi:config`, linked in this pre-release version only (pre-releases
+/// match exactly, as wasmtime's linker matches them).
+const WASI_CONFIG: &str = "wasi:config/store@0.2.0-rc.1";
+
+/// The contract version `imports` name: 0.2.0 when any `shardlane:plugin`
+/// import is of 0.2, else 0.1.0 (a 0.1.0 plugin imports `types` and `log`
+/// of 0.1.0, or nothing of ours).
+fn contract_of(imports: &[String]) -> Contract {
+    if imports
+        .iter()
+        .any(|name| name.starts_with("shardlane:plugin/") && name.contains("@0.2."))
+    {
+        Contract::V0_2
+    } else {
+        Contract::V0_1
+    }
+}
 
 /// Whether an import named `name` (`namespace:package/interface@version`)
 /// belongs to a package this host links, in a compatible version.
 fn links(name: &str) -> bool {
+    if name == WASI_CONFIG {
+        return true;
+    }
     let Some((package, rest)) = name.split_once('/') else {
         return false;
     };
@@ -399,13 +454,20 @@ mod tests {
         assert!(links("wasi:cli/environment@0.2.0"));
         assert!(links("wasi:io/streams@0.2.6"));
         assert!(links("shardlane:plugin/log@0.1.0"));
+        assert!(links("shardlane:plugin/outputs@0.2.0"));
+        assert!(links("wasi:http/outgoing-handler@0.2.0"));
+        assert!(links("wasi:config/store@0.2.0-rc.1"));
+        assert!(
+            !links("wasi:config/store@0.2.0-rc.2"),
+            "pre-releases match exactly"
+        );
         assert!(!links("shardlane:plugin/log@0.3.0"), "another minor of 0.x");
         assert!(!links("wasi:cli/environment@0.3.0"));
         assert!(
             !links("wasi:io/streams@0.2.0-rc-2023-11-10"),
             "pre-releases"
         );
-        assert!(!links("wasi:http/types@0.2.0"), "a package not linked");
+        assert!(!links("wasi:keyvalue/store@0.2.0"), "a package not linked");
         assert!(!links("test:importer/extra"), "no version");
         assert!(!links("extra"), "not an interface");
     }

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::{WIT_PACKAGE, World};
+use super::{Contract, World};
 
 /// Why a plugin cannot be used. Each message is one line naming the file.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +54,7 @@ pub enum PluginError {
     },
     /// Neither handler export.
     #[error(
-        "plugin {path}: exports neither `handle` (world record-handler) nor `handle-batch` (world batch-handler) of {WIT_PACKAGE}"
+        "plugin {path}: exports neither `handle` (world record-handler) nor `handle-batch` (world batch-handler) of shardlane:plugin"
     )]
     NoHandler {
         /// The file.
@@ -70,7 +70,7 @@ pub enum PluginError {
     },
     /// A handler export of the wrong type.
     #[error(
-        "plugin {path}: export `{export}` does not match world {world} of {WIT_PACKAGE}: {reason}"
+        "plugin {path}: export `{export}` does not match world {world} of {contract}: {reason}"
     )]
     BadExport {
         /// The file.
@@ -79,6 +79,8 @@ pub enum PluginError {
         export: &'static str,
         /// The world it was checked against.
         world: World,
+        /// The contract version it was checked against.
+        contract: Contract,
         /// What wasmtime said.
         reason: String,
     },

@@ -1,6 +1,15 @@
 //! The per-store host state: WASI granting only what config grants, the
-//! store's resource limits, and the `log` host function with its per-instance
-//! rate limit and the context of the call under way.
+//! store's resource limits, the context of the call under way, and what
+//! the guest's imports act on — one submodule per import: [`log`] (both
+//! contract versions, rate-limited per instance), [`outputs`] (records
+//! published during a call, held until the lane knows its outcome),
+//! [`config`] (`wasi:config/store` over the subscription's `config`) and
+//! [`http`] (`wasi:http/outgoing-handler` to allowed destinations only).
+
+mod config;
+mod http;
+mod log;
+mod outputs;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,14 +17,18 @@ use std::time::{Duration, Instant};
 use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::WasiHttpCtx;
 
-use super::MAX_LOG_MESSAGE;
-use super::bindings::{self, Level};
+use http::HttpGate;
+pub(super) use http::HttpMetrics;
+
 use crate::channel::Record;
-use crate::config::SandboxConfig;
+use crate::config::{Grants, SandboxConfig};
+use crate::dispatch::Output;
 use crate::ids::{LaneId, PluginDigest, SubscriptionName};
 
-/// The record being handled, for the context of guest log lines.
+/// The record(s) being handled: the context of guest log lines, and what
+/// outputs may name as their input.
 #[derive(Debug, Clone, Default)]
 pub(super) enum CallContext {
     #[default]
@@ -25,6 +38,17 @@ pub(super) enum CallContext {
         first: Arc<Record>,
         len: usize,
     },
+}
+
+impl CallContext {
+    /// How many input records the call has.
+    fn inputs(&self) -> usize {
+        match self {
+            CallContext::Idle => 0,
+            CallContext::Record(_) => 1,
+            CallContext::Batch { len, .. } => *len,
+        }
+    }
 }
 
 /// The dropped-lines count is logged at most this often per instance, so a
@@ -157,6 +181,12 @@ pub(super) struct HostState {
     digest: PluginDigest,
     call: CallContext,
     log_budget: LogBudget,
+    grants: Arc<Grants>,
+    /// Outputs published during the call under way, and their bytes.
+    outputs: Vec<Output>,
+    output_bytes: usize,
+    http: WasiHttpCtx,
+    http_gate: HttpGate,
 }
 
 impl HostState {
@@ -172,6 +202,7 @@ impl HostState {
         subscription: SubscriptionName,
         lane: LaneId,
         digest: PluginDigest,
+        http_metrics: HttpMetrics,
     ) -> Result<Self, String> {
         let mut wasi = WasiCtxBuilder::new();
         wasi.allow_tcp(false)
@@ -201,6 +232,11 @@ impl HostState {
             lane,
             digest,
             call: CallContext::Idle,
+            grants: sandbox.grants.clone(),
+            outputs: Vec::new(),
+            output_bytes: 0,
+            http: WasiHttpCtx::new(),
+            http_gate: HttpGate::new(sandbox.grants.http.clone(), http_metrics),
         })
     }
 
@@ -214,17 +250,28 @@ impl HostState {
         &self.digest
     }
 
-    /// A call begins: guest log lines carry `call`'s record(s).
-    pub(super) fn begin_call(&mut self, call: CallContext) {
+    /// A call begins, to end by `deadline` (its `handler_timeout`): guest
+    /// log lines carry `call`'s record(s), outputs may name them, and no
+    /// HTTP request outlives the deadline.
+    pub(super) fn begin_call(&mut self, call: CallContext, deadline: tokio::time::Instant) {
         self.call = call;
+        self.outputs.clear();
+        self.output_bytes = 0;
+        self.http_gate.set_deadline(Some(deadline));
     }
 
-    /// The call ended: reports dropped log lines when due; true when a
-    /// memory growth was refused during it (the call failed for memory).
-    pub(super) fn end_call(&mut self) -> bool {
+    /// The call ended: reports dropped log lines when due. Returns whether
+    /// a memory growth was refused during it (the call failed for memory),
+    /// and the outputs it published.
+    pub(super) fn end_call(&mut self) -> (bool, Vec<Output>) {
         self.call = CallContext::Idle;
+        self.http_gate.set_deadline(None);
         self.report_dropped(false);
-        self.limits.take_refused()
+        self.output_bytes = 0;
+        (
+            self.limits.take_refused(),
+            std::mem::take(&mut self.outputs),
+        )
     }
 
     /// Logs how many guest lines the rate limit dropped, when a report is
@@ -253,59 +300,6 @@ impl WasiView for HostState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
-        }
-    }
-}
-
-/// Emits a guest log line at a tracing level chosen at run time (`event!`
-/// needs a constant level, hence one arm per level).
-macro_rules! guest_event {
-    ($level:expr, $($fields:tt)+) => {
-        match $level {
-            Level::Trace => tracing::event!(target: "guest", tracing::Level::TRACE, $($fields)+),
-            Level::Debug => tracing::event!(target: "guest", tracing::Level::DEBUG, $($fields)+),
-            Level::Info => tracing::event!(target: "guest", tracing::Level::INFO, $($fields)+),
-            Level::Warn => tracing::event!(target: "guest", tracing::Level::WARN, $($fields)+),
-            Level::Error => tracing::event!(target: "guest", tracing::Level::ERROR, $($fields)+),
-        }
-    };
-}
-
-impl bindings::log::Host for HostState {
-    fn log(&mut self, level: Level, mut message: String) {
-        if !self.log_budget.take(Instant::now()) {
-            return;
-        }
-        self.report_dropped(false);
-        crate::logging::cap(&mut message, MAX_LOG_MESSAGE);
-        let subscription = self.subscription.as_str();
-        let plugin = self.digest.short();
-        let lane = self.lane.0;
-        match &self.call {
-            CallContext::Record(r) => guest_event!(
-                level,
-                subscription,
-                plugin,
-                lane,
-                stream = r.stream.as_str(),
-                shard_id = r.shard.as_str(),
-                sequence_number = r.sequence.as_str(),
-                partition_key = r.partition_key.as_str(),
-                "{message}"
-            ),
-            CallContext::Batch { first, len } => guest_event!(
-                level,
-                subscription,
-                plugin,
-                lane,
-                stream = first.stream.as_str(),
-                shard_id = first.shard.as_str(),
-                sequence_number = first.sequence.as_str(),
-                partition_key = first.partition_key.as_str(),
-                batch_len = len,
-                "{message}"
-            ),
-            CallContext::Idle => guest_event!(level, subscription, plugin, lane, "{message}"),
         }
     }
 }

@@ -9,20 +9,21 @@ use std::time::Duration;
 
 use wasmtime::{Engine, Store};
 
-use super::bindings::batch::{BatchHandler, BatchHandlerPre};
-use super::bindings::record::{RecordHandler, RecordHandlerPre};
-use super::bindings::{self, KinesisRecord};
+use super::bindings::{v1, v2};
 use super::engine::one_line;
-use super::host::{CallContext, HostState};
-use super::{PluginError, World};
+use super::host::{CallContext, HostState, HttpMetrics};
+use super::{Contract, PluginError, World};
 use crate::channel::Record;
 use crate::config::SandboxConfig;
-use crate::dispatch::{CallError, Handler, HandlerFactory, Outcome};
+use crate::dispatch::{CallError, Handled, Handler, HandlerFactory, Outcome};
 use crate::ids::{LaneId, PluginDigest, SubscriptionName};
 
+/// A pre-instantiated component, in its contract version and world.
 pub(super) enum PluginPre {
-    Record(RecordHandlerPre<HostState>),
-    Batch(BatchHandlerPre<HostState>),
+    V1Record(v1::record::RecordHandlerPre<HostState>),
+    V1Batch(v1::batch::BatchHandlerPre<HostState>),
+    V2Record(v2::record::RecordHandlerPre<HostState>),
+    V2Batch(v2::batch::BatchHandlerPre<HostState>),
 }
 
 /// A compiled, linked, pre-instantiated plugin: immutable, shared by every
@@ -31,7 +32,9 @@ pub struct Plugin {
     path: PathBuf,
     digest: PluginDigest,
     world: World,
+    contract: Contract,
     pre: PluginPre,
+    http_metrics: HttpMetrics,
     engine: Engine,
     subscription: SubscriptionName,
     handler_timeout: Duration,
@@ -45,7 +48,9 @@ impl Plugin {
         path: PathBuf,
         digest: PluginDigest,
         world: World,
+        contract: Contract,
         pre: PluginPre,
+        http_metrics: HttpMetrics,
         engine: Engine,
         subscription: SubscriptionName,
         handler_timeout: Duration,
@@ -56,7 +61,9 @@ impl Plugin {
             path,
             digest,
             world,
+            contract,
             pre,
+            http_metrics,
             engine,
             subscription,
             handler_timeout,
@@ -68,6 +75,11 @@ impl Plugin {
     /// The world it implements.
     pub fn world(&self) -> World {
         self.world
+    }
+
+    /// The contract version it targets.
+    pub fn contract(&self) -> Contract {
+        self.contract
     }
 
     /// Its digest.
@@ -96,6 +108,7 @@ impl Plugin {
             self.subscription.clone(),
             lane,
             self.digest.clone(),
+            self.http_metrics.clone(),
         )
         .map_err(|reason| PluginError::Instantiate {
             path: self.path.clone(),
@@ -110,13 +123,23 @@ impl Plugin {
             path: self.path.clone(),
             reason: one_line(&e),
         };
-        let handler = match &self.pre {
-            PluginPre::Record(pre) => Exports::Record(
+        let exports = match &self.pre {
+            PluginPre::V1Record(pre) => Exports::V1Record(
                 pre.instantiate_async(&mut store)
                     .await
                     .map_err(instantiate_error)?,
             ),
-            PluginPre::Batch(pre) => Exports::Batch(
+            PluginPre::V1Batch(pre) => Exports::V1Batch(
+                pre.instantiate_async(&mut store)
+                    .await
+                    .map_err(instantiate_error)?,
+            ),
+            PluginPre::V2Record(pre) => Exports::V2Record(
+                pre.instantiate_async(&mut store)
+                    .await
+                    .map_err(instantiate_error)?,
+            ),
+            PluginPre::V2Batch(pre) => Exports::V2Batch(
                 pre.instantiate_async(&mut store)
                     .await
                     .map_err(instantiate_error)?,
@@ -124,7 +147,7 @@ impl Plugin {
         };
         Ok(Instance {
             store,
-            exports: handler,
+            exports,
             timeout: self.handler_timeout,
             fuel: self
                 .fuel_metering
@@ -134,8 +157,10 @@ impl Plugin {
 }
 
 enum Exports {
-    Record(RecordHandler),
-    Batch(BatchHandler),
+    V1Record(v1::record::RecordHandler),
+    V1Batch(v1::batch::BatchHandler),
+    V2Record(v2::record::RecordHandler),
+    V2Batch(v2::batch::BatchHandler),
 }
 
 /// One live instance. Not reusable after a trap or timeout: drop it and
@@ -148,14 +173,28 @@ pub struct Instance {
     fuel: Option<u64>,
 }
 
-/// The WIT view of a record: borrows the host's strings and bytes, which
+/// The 0.1.0 view of a record: borrows the host's strings and bytes, which
 /// are lowered straight into the guest's memory.
-fn to_wit(record: &Record, attempt: u32) -> KinesisRecord<'_> {
-    KinesisRecord {
+fn to_v1(record: &Record, attempt: u32) -> v1::KinesisRecord<'_> {
+    v1::KinesisRecord {
         stream: record.stream.as_str(),
         shard_id: record.shard.as_str(),
         partition_key: record.partition_key.as_str(),
         sequence_number: record.sequence.as_str(),
+        approximate_arrival: record.arrival_ms,
+        data: &record.data,
+        attempt,
+    }
+}
+
+/// The 0.2.0 view of a record, borrowed as [`to_v1`]'s.
+fn to_v2(record: &Record, attempt: u32) -> v2::KinesisRecord<'_> {
+    v2::KinesisRecord {
+        stream: record.stream.as_str(),
+        shard_id: record.shard.as_str(),
+        partition_key: record.partition_key.as_str(),
+        sequence_number: record.sequence.as_str(),
+        sub_sequence_number: None,
         approximate_arrival: record.arrival_ms,
         data: &record.data,
         attempt,
@@ -187,6 +226,32 @@ impl Instance {
         Ok(())
     }
 
+    /// Runs one guest call within the timeout, with `call` as its context;
+    /// the answer, and the outputs the call published.
+    async fn run<T>(
+        &mut self,
+        call: CallContext,
+        guest: impl AsyncFnOnce(&Exports, &mut Store<HostState>) -> Option<wasmtime::Result<T>>,
+    ) -> Result<Handled<T>, CallError> {
+        let timeout = self.timeout;
+        self.refuel()?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        self.store.data_mut().begin_call(call, deadline);
+        let result = tokio::time::timeout(timeout, guest(&self.exports, &mut self.store)).await;
+        let (out_of_memory, outputs) = self.store.data_mut().end_call();
+        match result {
+            Ok(Some(Ok(outcome))) => Ok(Handled { outcome, outputs }),
+            Ok(Some(Err(trap))) => Err(failed(&trap, out_of_memory)),
+            Ok(None) => Err(CallError::WrongWorld {
+                implements: match self.exports {
+                    Exports::V1Record(_) | Exports::V2Record(_) => "record-handler",
+                    Exports::V1Batch(_) | Exports::V2Batch(_) => "batch-handler",
+                },
+            }),
+            Err(_) => Err(CallError::Timeout(timeout)),
+        }
+    }
+
     /// Calls `handle` for one record.
     ///
     /// # Errors
@@ -195,25 +260,24 @@ impl Instance {
         &mut self,
         record: &Arc<Record>,
         attempt: u32,
-    ) -> Result<Outcome, CallError> {
-        let timeout = self.timeout;
-        self.refuel()?;
-        let Exports::Record(handler) = &self.exports else {
-            return Err(CallError::WrongWorld {
-                implements: "batch-handler",
-            });
-        };
-        self.store
-            .data_mut()
-            .begin_call(CallContext::Record(record.clone()));
-        let arg = to_wit(record, attempt);
-        let result = tokio::time::timeout(timeout, handler.call_handle(&mut self.store, arg)).await;
-        let out_of_memory = self.store.data_mut().end_call();
-        match result {
-            Ok(Ok(outcome)) => Ok(outcome.into()),
-            Ok(Err(trap)) => Err(failed(&trap, out_of_memory)),
-            Err(_) => Err(CallError::Timeout(timeout)),
-        }
+    ) -> Result<Handled<Outcome>, CallError> {
+        self.run(
+            CallContext::Record(record.clone()),
+            async |exports, store| match exports {
+                Exports::V1Record(h) => Some(
+                    h.call_handle(store, to_v1(record, attempt))
+                        .await
+                        .map(Outcome::from),
+                ),
+                Exports::V2Record(h) => Some(
+                    h.call_handle(store, to_v2(record, attempt))
+                        .await
+                        .map(Outcome::from),
+                ),
+                Exports::V1Batch(_) | Exports::V2Batch(_) => None,
+            },
+        )
+        .await
     }
 
     /// Calls `handle-batch` for a batch; one outcome per record, in order.
@@ -224,46 +288,62 @@ impl Instance {
     pub async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
-    ) -> Result<Vec<Outcome>, CallError> {
-        let timeout = self.timeout;
-        self.refuel()?;
-        let Exports::Batch(handler) = &self.exports else {
-            return Err(CallError::WrongWorld {
-                implements: "record-handler",
-            });
-        };
+    ) -> Result<Handled<Vec<Outcome>>, CallError> {
         let Some((first, _)) = records.first() else {
-            return Ok(Vec::new());
+            return Ok(Handled::new(Vec::new()));
         };
-        self.store.data_mut().begin_call(CallContext::Batch {
+        let call = CallContext::Batch {
             first: first.clone(),
             len: records.len(),
-        });
-        let args: Vec<KinesisRecord> = records.iter().map(|(r, a)| to_wit(r, *a)).collect();
-        let result =
-            tokio::time::timeout(timeout, handler.call_handle_batch(&mut self.store, &args)).await;
-        let out_of_memory = self.store.data_mut().end_call();
-        match result {
-            // Same layout on both sides: collected in place, no new vector.
-            Ok(Ok(outcomes)) if outcomes.len() == records.len() => {
-                Ok(outcomes.into_iter().map(Outcome::from).collect())
-            }
-            Ok(Ok(outcomes)) => Err(CallError::WrongOutcomeCount {
-                got: outcomes.len(),
+        };
+        let handled = self
+            .run(call, async |exports, store| match exports {
+                Exports::V1Batch(h) => {
+                    let args: Vec<_> = records.iter().map(|(r, a)| to_v1(r, *a)).collect();
+                    // Same layout on both sides: collected in place.
+                    Some(
+                        h.call_handle_batch(store, &args)
+                            .await
+                            .map(|o| o.into_iter().map(Outcome::from).collect::<Vec<_>>()),
+                    )
+                }
+                Exports::V2Batch(h) => {
+                    let args: Vec<_> = records.iter().map(|(r, a)| to_v2(r, *a)).collect();
+                    Some(
+                        h.call_handle_batch(store, &args)
+                            .await
+                            .map(|o| o.into_iter().map(Outcome::from).collect::<Vec<_>>()),
+                    )
+                }
+                Exports::V1Record(_) | Exports::V2Record(_) => None,
+            })
+            .await?;
+        if handled.outcome.len() != records.len() {
+            return Err(CallError::WrongOutcomeCount {
+                got: handled.outcome.len(),
                 want: records.len(),
-            }),
-            Ok(Err(trap)) => Err(failed(&trap, out_of_memory)),
-            Err(_) => Err(CallError::Timeout(timeout)),
+            });
+        }
+        Ok(handled)
+    }
+}
+
+impl From<v1::Outcome> for Outcome {
+    fn from(outcome: v1::Outcome) -> Self {
+        match outcome {
+            v1::Outcome::Ack => Outcome::Ack,
+            v1::Outcome::Retry(reason) => Outcome::Retry(reason),
+            v1::Outcome::Reject(reason) => Outcome::Reject(reason),
         }
     }
 }
 
-impl From<bindings::Outcome> for Outcome {
-    fn from(outcome: bindings::Outcome) -> Self {
+impl From<v2::Outcome> for Outcome {
+    fn from(outcome: v2::Outcome) -> Self {
         match outcome {
-            bindings::Outcome::Ack => Outcome::Ack,
-            bindings::Outcome::Retry(reason) => Outcome::Retry(reason),
-            bindings::Outcome::Reject(reason) => Outcome::Reject(reason),
+            v2::Outcome::Ack => Outcome::Ack,
+            v2::Outcome::Retry(reason) => Outcome::Retry(reason),
+            v2::Outcome::Reject(reason) => Outcome::Reject(reason),
         }
     }
 }
@@ -273,14 +353,14 @@ impl Handler for Instance {
         &mut self,
         record: &Arc<Record>,
         attempt: u32,
-    ) -> impl Future<Output = Result<Outcome, CallError>> + Send {
+    ) -> impl Future<Output = Result<Handled<Outcome>, CallError>> + Send {
         Instance::handle(self, record, attempt)
     }
 
     fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
-    ) -> impl Future<Output = Result<Vec<Outcome>, CallError>> + Send {
+    ) -> impl Future<Output = Result<Handled<Vec<Outcome>>, CallError>> + Send {
         Instance::handle_batch(self, records)
     }
 

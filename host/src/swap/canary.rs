@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use crate::channel::Record;
-use crate::dispatch::{CallError, Handler, Outcome};
+use crate::dispatch::{CallError, Handled, Handler, Outcome};
 use crate::ids::{LaneId, PartitionKey, PluginDigest};
 use crate::plugin::{Instance, Plugin, PluginError};
 use crate::telemetry::{Counter, Telemetry};
@@ -115,14 +115,14 @@ impl RoleCounters {
         }
     }
 
-    fn count_one(&self, result: &Result<Outcome, CallError>) {
+    fn count_one(&self, result: Result<&Outcome, &CallError>) {
         match result {
             Ok(outcome) => self.count(outcome),
             Err(_) => self.failed.inc(),
         }
     }
 
-    fn count_batch(&self, result: &Result<Vec<Outcome>, CallError>, len: usize) {
+    fn count_batch(&self, result: Result<&Vec<Outcome>, &CallError>, len: usize) {
         match result {
             Ok(outcomes) => outcomes.iter().for_each(|o| self.count(o)),
             Err(_) => self.failed.add(len as u64),
@@ -203,7 +203,11 @@ impl SlotInstance {
 }
 
 impl Handler for SlotInstance {
-    async fn handle(&mut self, record: &Arc<Record>, attempt: u32) -> Result<Outcome, CallError> {
+    async fn handle(
+        &mut self,
+        record: &Arc<Record>,
+        attempt: u32,
+    ) -> Result<Handled<Outcome>, CallError> {
         let role = self.role_for(record);
         let Some(canary) = &mut self.canary else {
             return self.stable.handle(record, attempt).await;
@@ -213,14 +217,14 @@ impl Handler for SlotInstance {
             Role::Stable => (&mut self.stable, &canary.stable_counts),
         };
         let result = instance.handle(record, attempt).await;
-        counts.count_one(&result);
+        counts.count_one(result.as_ref().map(|h| &h.outcome));
         result
     }
 
     async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
-    ) -> Result<Vec<Outcome>, CallError> {
+    ) -> Result<Handled<Vec<Outcome>>, CallError> {
         let Some(canary) = &mut self.canary else {
             return self.stable.handle_batch(records).await;
         };
@@ -230,14 +234,26 @@ impl Handler for SlotInstance {
             indices.iter().map(|&i| records[i].clone()).collect()
         };
         let mut merged = Vec::with_capacity(records.len());
+        let mut outputs = Vec::new();
+        // Each part's outputs name inputs by their index in the part: put
+        // back to the index in the whole batch.
+        let mut merge = |indices: &[usize], handled: Handled<Vec<Outcome>>| {
+            merged.extend(indices.iter().copied().zip(handled.outcome));
+            outputs.extend(handled.outputs.into_iter().map(|mut o| {
+                o.input = indices[o.input as usize] as u32;
+                o
+            }));
+        };
         if !to_stable.is_empty() {
             let result = if to_candidate.is_empty() {
                 self.stable.handle_batch(records).await
             } else {
                 self.stable.handle_batch(&part(&to_stable)).await
             };
-            canary.stable_counts.count_batch(&result, to_stable.len());
-            merged.extend(to_stable.iter().copied().zip(result?));
+            canary
+                .stable_counts
+                .count_batch(result.as_ref().map(|h| &h.outcome), to_stable.len());
+            merge(&to_stable, result?);
         }
         if !to_candidate.is_empty() {
             let result = if to_stable.is_empty() {
@@ -247,11 +263,14 @@ impl Handler for SlotInstance {
             };
             canary
                 .candidate_counts
-                .count_batch(&result, to_candidate.len());
-            merged.extend(to_candidate.iter().copied().zip(result?));
+                .count_batch(result.as_ref().map(|h| &h.outcome), to_candidate.len());
+            merge(&to_candidate, result?);
         }
         merged.sort_unstable_by_key(|(i, _)| *i);
-        Ok(merged.into_iter().map(|(_, outcome)| outcome).collect())
+        Ok(Handled {
+            outcome: merged.into_iter().map(|(_, outcome)| outcome).collect(),
+            outputs,
+        })
     }
 
     fn version(&self, record: &Record) -> Option<PluginDigest> {

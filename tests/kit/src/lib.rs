@@ -15,6 +15,7 @@
 //! - [`proxy::FaultProxy`] sits between the host and an emulator and
 //!   refuses, resets, delays or answers with injected AWS errors.
 
+pub mod http_server;
 pub mod proxy;
 
 use std::io::{BufRead, BufReader};
@@ -463,6 +464,9 @@ pub mod guests {
         /// `tests/guests/hostile-batch`: acks batches; run with a small
         /// `max_memory` so a big batch cannot be lowered.
         pub hostile_batch: PathBuf,
+        /// `tests/guests/publisher` (contract 0.2.0): publishes outputs,
+        /// reads config, fetches over HTTP, as each record asks.
+        pub publisher: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -528,6 +532,7 @@ pub mod guests {
             importer: out.join("importer.wasm"),
             hostile: out.join("hostile.wasm"),
             hostile_batch: out.join("hostile_batch.wasm"),
+            publisher: out.join("publisher.wasm"),
         })
     }
 }
@@ -561,9 +566,13 @@ impl Language {
     }
 }
 
-/// One language's three examples, built.
+/// One language's examples, built.
 #[derive(Debug, Clone)]
 pub struct Examples {
+    /// `enrich/dist/enrich.wasm` (contract 0.2.0): an HTTP lookup per
+    /// record, published as an output; `None` for a language whose `enrich`
+    /// is not written yet.
+    pub enrich: Option<PathBuf>,
     /// `echo/dist/echo.wasm`: a record-handler that logs and acks.
     pub echo: PathBuf,
     /// `batch-sum/dist/batch-sum.wasm`: a batch-handler summing amounts.
@@ -609,6 +618,7 @@ pub fn build_examples(lang: Language) -> anyhow::Result<Examples> {
                     .join(format!("{example}.wasm"))
             };
             Ok(Examples {
+                enrich: (lang == Language::Rust).then(|| built("enrich")),
                 echo: built("echo"),
                 batch_sum: built("batch-sum"),
                 poison: built("poison"),

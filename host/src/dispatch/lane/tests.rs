@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Lane, LaneMetrics};
 use crate::channel::{Delivery, Record};
 use crate::config::{Config, FailurePolicy, OnFailure, SubscriptionConfig};
-use crate::dispatch::{CallError, Handler, HandlerFactory, Outcome};
+use crate::dispatch::{CallError, Handled, Handler, HandlerFactory, Outcome, Output};
 use crate::failure::{DeadLetterSink, LastFailure, Policy, Put};
 use crate::ids::{
     LaneId, PartitionKey, PluginDigest, SequenceNumber, SessionId, ShardId, StreamName,
@@ -28,6 +28,9 @@ use crate::telemetry::Telemetry;
 enum Step {
     One(Result<Outcome, CallError>),
     Batch(Result<Vec<Outcome>, CallError>),
+    /// An answer with outputs.
+    OneWith(Outcome, Vec<Output>),
+    BatchWith(Vec<Outcome>, Vec<Output>),
 }
 
 /// One call as the handler saw it: `(offset, attempt)` per record, and the
@@ -69,30 +72,40 @@ struct Scripted {
 }
 
 impl Handler for Scripted {
-    async fn handle(&mut self, record: &Arc<Record>, attempt: u32) -> Result<Outcome, CallError> {
+    async fn handle(
+        &mut self,
+        record: &Arc<Record>,
+        attempt: u32,
+    ) -> Result<Handled<Outcome>, CallError> {
         self.script.calls.lock().unwrap().push(Call {
             records: vec![(offset_of(record), attempt)],
             instance: self.instance,
         });
         match self.script.next() {
-            None => Ok(Outcome::Ack),
-            Some(Step::One(answer)) => answer,
-            Some(Step::Batch(_)) => panic!("a batch answer scripted for a record call"),
+            None => Ok(Handled::new(Outcome::Ack)),
+            Some(Step::One(answer)) => answer.map(Handled::new),
+            Some(Step::OneWith(outcome, outputs)) => Ok(Handled { outcome, outputs }),
+            Some(Step::Batch(_) | Step::BatchWith(..)) => {
+                panic!("a batch answer scripted for a record call")
+            }
         }
     }
 
     async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
-    ) -> Result<Vec<Outcome>, CallError> {
+    ) -> Result<Handled<Vec<Outcome>>, CallError> {
         self.script.calls.lock().unwrap().push(Call {
             records: records.iter().map(|(r, a)| (offset_of(r), *a)).collect(),
             instance: self.instance,
         });
         match self.script.next() {
-            None => Ok(records.iter().map(|_| Outcome::Ack).collect()),
-            Some(Step::Batch(answer)) => answer,
-            Some(Step::One(_)) => panic!("a record answer scripted for a batch call"),
+            None => Ok(Handled::new(records.iter().map(|_| Outcome::Ack).collect())),
+            Some(Step::Batch(answer)) => answer.map(Handled::new),
+            Some(Step::BatchWith(outcome, outputs)) => Ok(Handled { outcome, outputs }),
+            Some(Step::One(_) | Step::OneWith(..)) => {
+                panic!("a record answer scripted for a batch call")
+            }
         }
     }
 
@@ -208,6 +221,8 @@ fn now_ms() -> u64 {
 struct Run {
     /// Offsets in the order they settled.
     settled: Vec<u64>,
+    /// Offsets handed to the output stage, with their outputs' data.
+    published: Vec<(u64, Vec<String>)>,
     metrics: String,
 }
 
@@ -238,12 +253,14 @@ async fn run_lane(
         sink as Arc<dyn DeadLetterSink>
     });
     let (settle_tx, mut settle_rx) = mpsc::channel(1024);
+    let (publish_tx, mut publish_rx) = mpsc::channel(1024);
     let lane = Lane::new(
         LaneId(0),
         sub,
         Arc::new(policy),
         Arc::new(Factory(script)),
         settle_tx,
+        publish_tx,
         LaneMetrics::new(&telemetry, &status, "s", 0),
     );
     let (inbox_tx, inbox) = async_channel::bounded(64);
@@ -271,8 +288,18 @@ async fn run_lane(
             other => panic!("a lane sent {other:?}"),
         }
     }
+    let mut published = Vec::new();
+    while let Ok(publish) = publish_rx.try_recv() {
+        let data = publish
+            .outputs
+            .iter()
+            .map(|o| String::from_utf8(o.data.clone()).unwrap())
+            .collect();
+        published.push((publish.ticket.offset, data));
+    }
     Run {
         settled,
+        published,
         metrics: telemetry.render(),
     }
 }
@@ -613,5 +640,88 @@ fn the_failure_policy_config_is_what_the_lane_applies() {
             on_failure: OnFailure::Skip,
             bisect_on_error: false,
         }
+    );
+}
+
+fn output(input: u32, data: &str) -> Output {
+    Output {
+        input,
+        stream: StreamName::from("out"),
+        partition_key: PartitionKey::from("k"),
+        data: data.as_bytes().to_vec(),
+    }
+}
+
+/// Catches: a record with outputs settled before they are put (the
+/// checkpoint would pass an input whose outputs may never appear).
+#[tokio::test(start_paused = true)]
+async fn an_acked_record_with_outputs_settles_through_the_output_stage() {
+    let script = Script::new([Step::OneWith(
+        Outcome::Ack,
+        vec![output(0, "a"), output(0, "b")],
+    )]);
+    let run = run_lane(
+        subscription(""),
+        None,
+        script,
+        vec![record(0, 0), record(1, 0)],
+        None,
+    )
+    .await;
+    assert_eq!(
+        run.published,
+        vec![(0, vec!["a".to_owned(), "b".to_owned()])]
+    );
+    assert_eq!(
+        run.settled,
+        vec![1],
+        "record 0 settles only once its outputs are put"
+    );
+}
+
+/// Catches: outputs of a failed attempt published (a retried input would
+/// publish once per attempt).
+#[tokio::test(start_paused = true)]
+async fn only_the_acking_attempt_publishes() {
+    let script = Script::new([
+        Step::OneWith(Outcome::Retry("later".into()), vec![output(0, "first")]),
+        Step::OneWith(Outcome::Ack, vec![output(0, "second")]),
+    ]);
+    let run = run_lane(subscription(""), None, script, vec![record(0, 0)], None).await;
+    assert_eq!(run.published, vec![(0, vec!["second".to_owned()])]);
+}
+
+/// Catches: a batch's outputs attached to the wrong input, or a rejected
+/// input's outputs published.
+#[tokio::test(start_paused = true)]
+async fn a_batchs_outputs_go_with_their_own_inputs_and_only_if_acked() {
+    let script = Script::new([Step::BatchWith(
+        vec![Outcome::Ack, Outcome::Reject("no".into()), Outcome::Ack],
+        vec![
+            output(2, "two"),
+            output(1, "one"),
+            output(0, "zero"),
+            output(2, "two-b"),
+        ],
+    )]);
+    let run = run_lane(
+        subscription("batch_size = 3\non_failure = \"skip\""),
+        None,
+        script,
+        (0..3).map(|i| record(i, 0)).collect(),
+        None,
+    )
+    .await;
+    assert_eq!(
+        run.published,
+        vec![
+            (0, vec!["zero".to_owned()]),
+            (2, vec!["two".to_owned(), "two-b".to_owned()]),
+        ]
+    );
+    assert_eq!(
+        run.settled,
+        vec![1],
+        "the reject settles (skipped); 0 and 2 wait for their outputs"
     );
 }

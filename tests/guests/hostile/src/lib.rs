@@ -10,7 +10,7 @@
 
 wit_bindgen::generate!({
     world: "record-handler",
-    path: "../../../wit",
+    path: "../../../wit/v0.1.0",
 });
 
 use shardlane::plugin::log::{Level, log};

@@ -3,7 +3,7 @@
 
 wit_bindgen::generate!({
     world: "batch-handler",
-    path: "../../../wit",
+    path: "../../../wit/v0.1.0",
 });
 
 struct NoopBatch;
