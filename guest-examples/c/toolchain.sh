@@ -1,6 +1,6 @@
 # Shared by the C guest examples' build scripts: sourced, not run.
 #
-#   c_component <example-dir> <world>
+#   c_component <example-dir> <world> [<wit-dir>]
 #
 # builds <example-dir>/dist/<example>.wasm from the example's *.c files
 # against the repository's wit/ folder. Skips the build when the component is
@@ -21,6 +21,8 @@ repo_root="$(cd "$c_root/../.." && pwd)"
 # echo, batch-sum and poison are shardlane:plugin@0.1.0 plugins, built
 # against the frozen contract: they show that old plugins run unchanged.
 wit_dir="$repo_root/wit/v0.1.0"
+# enrich is a shardlane:plugin@0.2.0 plugin: the current contract.
+wit_current="$repo_root/wit"
 tools_dir="$c_root/.tools"
 
 # Pins. Changing one rebuilds every example (this file is a build input).
@@ -89,7 +91,7 @@ find_toolchain() {
 }
 
 c_component() {
-    local dir="$1" world="$2"
+    local dir="$1" world="$2" wit_dir="${3:-$wit_dir}"
     local name
     name="$(basename "$dir")"
     local out="$dir/dist/$name.wasm"
@@ -101,7 +103,7 @@ c_component() {
     if [[ -f "$out" ]]; then
         local stale=0 input
         for input in "$dir"/*.c "$dir"/*.h "$dir/build.sh" "$c_root/toolchain.sh" \
-            "$c_root"/common/* "$wit_dir"/*.wit; do
+            "$c_root"/common/* "$wit_dir"/*.wit "$wit_dir"/deps/*.wit; do
             if [[ -e "$input" && ! "$out" -nt "$input" ]]; then
                 stale=1
                 break

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds one JavaScript example into a shardlane:plugin component.
 #
-# Usage: componentize.sh <example-dir> <world>
-#   -> <example-dir>/dist/<example>.wasm, from <example-dir>/<example>.js
+# Usage: componentize.sh <example-dir> <world> [0.2.0]
+#   -> <example-dir>/dist/<example>.wasm, from <example-dir>/<example>.js,
+#   against the frozen 0.1.0 contract, or the current one (wit/) with 0.2.0
 #
 # Shared by every example's build.sh, so each of those stays one command. It
 # installs the pinned componentize-js (package-lock.json) into node_modules
@@ -17,7 +18,12 @@ world="$2"
 example="$(basename "$example_dir")"
 # echo, batch-sum and poison are shardlane:plugin@0.1.0 plugins, built
 # against the frozen contract: they show that old plugins run unchanged.
-wit="$js/../../wit/v0.1.0"
+# enrich is a 0.2.0 plugin: the current contract.
+if [[ "${3:-}" == "0.2.0" ]]; then
+  wit="$js/../../wit"
+else
+  wit="$js/../../wit/v0.1.0"
+fi
 out="$example_dir/dist/$example.wasm"
 
 # Skip the rebuild when the component is newer than its inputs: the example's

@@ -1,9 +1,10 @@
 # Shared by the Python guest examples' build scripts: sourced, not run.
 #
-#   python_component <example-dir> <world>
+#   python_component <example-dir> <world> [<wit-dir>]
 #
 # builds <example-dir>/dist/<example>.wasm from <example-dir>/app.py against
-# the repository's wit/ folder, installing the pinned componentize-py into
+# <wit-dir> (default: the frozen 0.1.0 contract, $wit_dir; $wit_current is
+# the current one), installing the pinned componentize-py into
 # guest-examples/python/.venv first when it is missing. Skips the build when
 # the component is newer than every input.
 
@@ -12,6 +13,8 @@ repo_root="$(cd "$py_root/../.." && pwd)"
 # echo, batch-sum and poison are shardlane:plugin@0.1.0 plugins, built
 # against the frozen contract: they show that old plugins run unchanged.
 wit_dir="$repo_root/wit/v0.1.0"
+# enrich is a shardlane:plugin@0.2.0 plugin: the current contract.
+wit_current="$repo_root/wit"
 venv="$py_root/.venv"
 requirements="$py_root/requirements.txt"
 
@@ -51,7 +54,7 @@ ensure_toolchain() {
 }
 
 python_component() {
-    local dir="$1" world="$2"
+    local dir="$1" world="$2" wit_dir="${3:-$wit_dir}"
     local name
     name="$(basename "$dir")"
     local out="$dir/dist/$name.wasm"
@@ -61,7 +64,7 @@ python_component() {
     # Up to date: newer than the sources, the shared build files and the WIT.
     if [[ -f "$out" ]]; then
         local stale=0 input
-        for input in "$dir"/*.py "$dir/build.sh" "$requirements" "$py_root/toolchain.sh" "$wit_dir"/*.wit; do
+        for input in "$dir"/*.py "$dir/build.sh" "$requirements" "$py_root/toolchain.sh" "$wit_dir"/*.wit "$wit_dir"/deps/*.wit; do
             if [[ -e "$input" && ! "$out" -nt "$input" ]]; then
                 stale=1
                 break

@@ -294,9 +294,7 @@ async fn c() {
 /// stream content in every language that has it.
 async fn enrich(lang: Language) {
     let examples = build_examples(lang).unwrap();
-    let plugin = examples
-        .enrich
-        .unwrap_or_else(|| panic!("{} has no enrich example", lang.dir()));
+    let plugin = examples.enrich;
     let kinesis = Kinesis::start().await.unwrap();
     let server = HttpServer::start().unwrap();
     let name = |s: &str| unique_name(&format!("{}-{s}", lang.dir()));
@@ -371,6 +369,21 @@ async fn enrich(lang: Language) {
 #[tokio::test(flavor = "multi_thread")]
 async fn rust_enrich() {
     enrich(Language::Rust).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_enrich() {
+    enrich(Language::Python).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn javascript_enrich() {
+    enrich(Language::JavaScript).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn c_enrich() {
+    enrich(Language::C).await;
 }
 
 #[test]

@@ -467,6 +467,9 @@ pub mod guests {
         /// `tests/guests/publisher` (contract 0.2.0): publishes outputs,
         /// reads config, fetches over HTTP, as each record asks.
         pub publisher: PathBuf,
+        /// `tests/guests/noop-publish` (contract 0.2.0): one output per
+        /// record to `bench-out`, then ack (benchmarks).
+        pub noop_publish: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -533,6 +536,7 @@ pub mod guests {
             hostile: out.join("hostile.wasm"),
             hostile_batch: out.join("hostile_batch.wasm"),
             publisher: out.join("publisher.wasm"),
+            noop_publish: out.join("noop_publish.wasm"),
         })
     }
 }
@@ -570,9 +574,8 @@ impl Language {
 #[derive(Debug, Clone)]
 pub struct Examples {
     /// `enrich/dist/enrich.wasm` (contract 0.2.0): an HTTP lookup per
-    /// record, published as an output; `None` for a language whose `enrich`
-    /// is not written yet.
-    pub enrich: Option<PathBuf>,
+    /// record, published as an output.
+    pub enrich: PathBuf,
     /// `echo/dist/echo.wasm`: a record-handler that logs and acks.
     pub echo: PathBuf,
     /// `batch-sum/dist/batch-sum.wasm`: a batch-handler summing amounts.
@@ -618,7 +621,7 @@ pub fn build_examples(lang: Language) -> anyhow::Result<Examples> {
                     .join(format!("{example}.wasm"))
             };
             Ok(Examples {
-                enrich: (lang == Language::Rust).then(|| built("enrich")),
+                enrich: built("enrich"),
                 echo: built("echo"),
                 batch_sum: built("batch-sum"),
                 poison: built("poison"),
