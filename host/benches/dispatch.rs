@@ -13,14 +13,16 @@
 //! The clock stops when settlement has seen every record settle and ended.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use shardlane::bench::{
-    CallError, Delivery, Dispatcher, Handled, Handler, HandlerFactory, Outcome, Policy, Publish,
-    Record, SETTLEMENT_QUEUE, Settlement, SettlementMsg, Telemetry, Ticket, channel,
+    CallError, Delivery, Dispatcher, Handled, Handler, HandlerFactory, KinesisError, Outcome,
+    Output, OutputStage, PUBLISH_QUEUE, Policy, Publish, PutRecords, Record, SETTLEMENT_QUEUE,
+    Settlement, SettlementMsg, Telemetry, Ticket, channel,
 };
 use shardlane::config::{
-    BatchConfig, DispatchMode, FailurePolicy, OnFailure, SandboxConfig, StartPosition,
+    BatchConfig, DispatchMode, FailurePolicy, Grants, OnFailure, SandboxConfig, StartPosition,
     SubscriptionConfig, defaults,
 };
 use shardlane::ids::{LaneId, PartitionKey, SequenceNumber, SessionId, ShardId, StreamName};
@@ -62,6 +64,95 @@ impl HandlerFactory for NativeNoop {
     }
 }
 
+/// The native stand-in for a guest with one output per input: publishes
+/// each record's data to `bench-out`, acks.
+struct NativePublish;
+
+impl Handler for NativePublish {
+    async fn handle(
+        &mut self,
+        record: &Arc<Record>,
+        _attempt: u32,
+    ) -> Result<Handled<Outcome>, CallError> {
+        Ok(Handled {
+            outcome: Outcome::Ack,
+            outputs: vec![Output {
+                input: 0,
+                stream: StreamName::from("bench-out"),
+                partition_key: record.partition_key.clone(),
+                data: record.data.clone(),
+            }],
+        })
+    }
+
+    async fn handle_batch(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+    ) -> Result<Handled<Vec<Outcome>>, CallError> {
+        Ok(Handled {
+            outcome: records.iter().map(|_| Outcome::Ack).collect(),
+            outputs: records
+                .iter()
+                .enumerate()
+                .map(|(i, (r, _))| Output {
+                    input: i as u32,
+                    stream: StreamName::from("bench-out"),
+                    partition_key: r.partition_key.clone(),
+                    data: r.data.clone(),
+                })
+                .collect(),
+        })
+    }
+}
+
+impl HandlerFactory for NativePublish {
+    type Handler = NativePublish;
+    type Error = std::convert::Infallible;
+
+    async fn create(&self, _lane: LaneId) -> Result<NativePublish, Self::Error> {
+        Ok(NativePublish)
+    }
+}
+
+/// Kinesis stood in for by memory: accepts every record after `latency`
+/// (a network round trip), counting calls and records.
+struct LocalSink {
+    latency: Duration,
+    calls: AtomicU64,
+    records: AtomicU64,
+    largest: AtomicU64,
+}
+
+impl LocalSink {
+    fn new(latency: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            latency,
+            calls: AtomicU64::new(0),
+            records: AtomicU64::new(0),
+            largest: AtomicU64::new(0),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl PutRecords for LocalSink {
+    async fn put_records(
+        &self,
+        _stream: &StreamName,
+        records: &[(PartitionKey, Vec<u8>)],
+    ) -> Result<Vec<Result<(), KinesisError>>, KinesisError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.records
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        self.largest
+            .fetch_max(records.len() as u64, Ordering::Relaxed);
+        Ok(records.iter().map(|_| Ok(())).collect())
+    }
+}
+
 fn subscription(dispatch: DispatchMode, batch: Option<usize>) -> Arc<SubscriptionConfig> {
     Arc::new(SubscriptionConfig {
         name: "bench".into(),
@@ -90,6 +181,89 @@ fn subscription(dispatch: DispatchMode, batch: Option<usize>) -> Arc<Subscriptio
         },
         sandbox: sandbox(),
     })
+}
+
+/// One output per input: records/s with and without it (the output stage
+/// putting to a local sink, with no latency and with a 2 ms round trip),
+/// and how full the `PutRecords` calls are.
+fn outputs_cost(
+    runtime: &tokio::runtime::Runtime,
+    host: &PluginHost,
+    guests: &shardlane_testkit::guests::Guests,
+) -> anyhow::Result<()> {
+    let timeout = Duration::from_secs(30);
+    let mut granted = sandbox();
+    granted.grants = Arc::new(Grants {
+        outputs: [StreamName::from("bench-out")].into_iter().collect(),
+        ..Grants::default()
+    });
+    let noop = Arc::new(host.load(&guests.noop, "bench".into(), timeout, sandbox())?);
+    let publish = Arc::new(host.load(&guests.noop_publish, "bench".into(), timeout, granted)?);
+    println!();
+    println!("outputs: one per input, the output stage putting to a local sink ({KEYS} keys)");
+    println!(
+        "{:<34} {:>12} {:>12} {:>8} {:>16}",
+        "mode", "none rec/s", "output rec/s", "ratio", "outputs per put"
+    );
+    let count = 200_000;
+    for (name, mode, batch) in [
+        ("sequential", DispatchMode::Sequential, None),
+        ("workers = 4, by_key", DispatchMode::ByKey(4), None),
+        ("batch 100 (native)", DispatchMode::Sequential, Some(100)),
+    ] {
+        let sub = subscription(mode, batch);
+        for latency in [Duration::ZERO, Duration::from_millis(2)] {
+            for wasm in [false, true] {
+                if wasm && batch.is_some() {
+                    continue;
+                }
+                let sink = LocalSink::new(latency);
+                let best = |f: &dyn Fn() -> Duration| (0..3).map(|_| f()).min().unwrap();
+                let without = best(&|| {
+                    if wasm {
+                        runtime.block_on(run(sub.clone(), noop.clone(), records(count)))
+                    } else {
+                        runtime.block_on(run(sub.clone(), Arc::new(NativeNoop), records(count)))
+                    }
+                });
+                let with = best(&|| {
+                    let sink = Some(sink.clone());
+                    if wasm {
+                        runtime.block_on(run_with(
+                            sub.clone(),
+                            publish.clone(),
+                            records(count),
+                            sink,
+                        ))
+                    } else {
+                        runtime.block_on(run_with(
+                            sub.clone(),
+                            Arc::new(NativePublish),
+                            records(count),
+                            sink,
+                        ))
+                    }
+                });
+                let rate = |d: Duration| count as f64 / d.as_secs_f64();
+                let calls = sink.calls.load(Ordering::Relaxed).max(1);
+                let per_put = sink.records.load(Ordering::Relaxed) as f64 / calls as f64;
+                println!(
+                    "{:<34} {:>12.0} {:>12.0} {:>8.2} {:>9.1} (max {})",
+                    format!(
+                        "{name}, {} , {}ms",
+                        if wasm { "wasm" } else { "native" },
+                        latency.as_millis()
+                    ),
+                    rate(without),
+                    rate(with),
+                    rate(with) / rate(without),
+                    per_put,
+                    sink.largest.load(Ordering::Relaxed)
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn sandbox() -> SandboxConfig {
@@ -135,9 +309,38 @@ async fn run<F: HandlerFactory>(
     factory: Arc<F>,
     records: Vec<Arc<Record>>,
 ) -> Duration {
+    run_with(sub, factory, records, None).await
+}
+
+/// [`run`], with the output stage putting to `outputs` when given (for
+/// handlers that publish).
+async fn run_with<F: HandlerFactory>(
+    sub: Arc<SubscriptionConfig>,
+    factory: Arc<F>,
+    records: Vec<Arc<Record>>,
+    outputs: Option<Arc<LocalSink>>,
+) -> Duration {
     let (deliveries_tx, deliveries_rx) = channel();
-    let (publish_tx, _publish_rx) = mpsc::channel::<Publish>(1);
+    let (publish_tx, publish_rx) = mpsc::channel::<Publish>(PUBLISH_QUEUE);
     let (settle_tx, settle_rx) = mpsc::channel(SETTLEMENT_QUEUE);
+    let outputs_used = outputs.is_some();
+    let stage = match outputs {
+        Some(sink) => tokio::spawn(
+            OutputStage::new(
+                sub.name.clone(),
+                [StreamName::from("bench-out")],
+                sink,
+                settle_tx.clone(),
+                &Telemetry::new(),
+            )
+            .run(publish_rx, CancellationToken::new()),
+        ),
+        // Nothing publishes: the receiver only has to stay open.
+        None => tokio::spawn(async move {
+            let _open = publish_rx;
+            std::future::pending::<()>().await
+        }),
+    };
     let (checkpoint_tx, mut checkpoint_rx) = mpsc::channel(1024);
     let sink = tokio::spawn(async move { while checkpoint_rx.recv().await.is_some() {} });
     let settlement = tokio::spawn(
@@ -151,7 +354,6 @@ async fn run<F: HandlerFactory>(
                 unreachable!("on_failure = block: no dead letters")
             }),
             settle_tx.clone(),
-            // No guest here publishes outputs: nothing is ever sent.
             publish_tx,
             Telemetry::new(),
         )
@@ -210,6 +412,11 @@ async fn run<F: HandlerFactory>(
     drop(deliveries_tx);
     drop(settle_tx);
     dispatcher.await.unwrap();
+    if outputs_used {
+        stage.await.unwrap();
+    } else {
+        stage.abort();
+    }
     settlement.await.unwrap();
     let elapsed = started.elapsed();
     sink.await.unwrap();
@@ -277,6 +484,9 @@ fn main() -> anyhow::Result<()> {
             rate(native),
             rate(wasm) / rate(native)
         );
+    }
+    if filter.as_deref().is_none_or(|f| "outputs".contains(f)) {
+        outputs_cost(&runtime, &host, &guests)?;
     }
     if filter.as_deref().is_none_or(|f| "recycle".contains(f)) {
         recycle_cost(&runtime, &host, &guests)?;

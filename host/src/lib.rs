@@ -95,7 +95,8 @@ pub mod bench {
         CallError, Dispatcher, Handled, Handler, HandlerFactory, Outcome, Output,
     };
     pub use crate::failure::Policy;
-    pub use crate::outputs::Publish;
+    pub use crate::kinesis::KinesisError;
+    pub use crate::outputs::{OutputStage, PUBLISH_QUEUE, Publish, PutRecords};
     pub use crate::settlement::{SETTLEMENT_QUEUE, Settlement, SettlementMsg, Ticket};
     pub use crate::telemetry::Telemetry;
 }

@@ -58,7 +58,7 @@ use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
 use crate::telemetry::{BATCH_BUCKETS, Counter, Gauge, Histogram, Telemetry};
 
 /// Publishes queued to the stage before lanes wait.
-pub(crate) const PUBLISH_QUEUE: usize = 64;
+pub const PUBLISH_QUEUE: usize = 64;
 
 /// Most outputs held (queued or being put) before the stage stops taking
 /// publishes.
@@ -92,7 +92,7 @@ pub(crate) type PublishSender = mpsc::Sender<Publish>;
 
 /// Where outputs are put: Kinesis, or a fake in tests and benchmarks.
 #[async_trait]
-pub(crate) trait PutRecords: Send + Sync + 'static {
+pub trait PutRecords: Send + Sync + 'static {
     /// Puts `records` to `stream` in one call: the outcome of each, in
     /// order, or the call's failure.
     async fn put_records(
@@ -153,7 +153,7 @@ struct Metrics {
 }
 
 /// The output stage of one subscription (module docs).
-pub(crate) struct OutputStage {
+pub struct OutputStage {
     subscription: SubscriptionName,
     sink: Arc<dyn PutRecords>,
     settlement: SettlementSender,
@@ -172,7 +172,7 @@ pub(crate) struct OutputStage {
 impl OutputStage {
     /// A stage putting to `sink` and settling through `settlement`, for
     /// `subscription`, whose granted streams are `streams`.
-    pub(crate) fn new(
+    pub fn new(
         subscription: SubscriptionName,
         streams: impl IntoIterator<Item = StreamName>,
         sink: Arc<dyn PutRecords>,
@@ -236,11 +236,7 @@ impl OutputStage {
     }
 
     /// Runs until `inbox` is closed and everything is put, or `hard_stop`.
-    pub(crate) async fn run(
-        mut self,
-        mut inbox: mpsc::Receiver<Publish>,
-        hard_stop: CancellationToken,
-    ) {
+    pub async fn run(mut self, mut inbox: mpsc::Receiver<Publish>, hard_stop: CancellationToken) {
         let mut open = true;
         loop {
             self.start_puts();

@@ -170,6 +170,15 @@ async fn an_input_stays_unsettled_until_its_outputs_are_put() {
         "{metrics}"
     );
     assert!(proxy.injected() > 0, "the puts were tried");
+    // The SDK retries a failed call itself before the stage sees it fail
+    // and says so: wait for that line.
+    host.wait_for("the outage logged", Duration::from_secs(30), |lines| {
+        lines
+            .iter()
+            .any(|l| field(l, "message").starts_with("outputs not put yet"))
+    })
+    .await
+    .unwrap();
     assert!(
         kinesis.read_all(&output).await.unwrap().is_empty(),
         "nothing published yet"
