@@ -1,0 +1,437 @@
+//! The checks of one `[[subscription]]` block: reading, dispatch, batches,
+//! the failure policy, the sandbox and its grants, the canary.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::super::raw::{
+    RawBackoff, RawCanary, RawHttp, RawOnFailure, RawPreopen, RawStart, RawSubscription,
+};
+use super::super::{
+    BatchConfig, CanaryConfig, ConfigError, DispatchMode, FailurePolicy, Grants, HttpDestination,
+    HttpGrant, OnFailure, Preopen, SandboxConfig, StartPosition, SubscriptionConfig, defaults,
+};
+use super::Validator;
+use crate::ids::{StreamName, SubscriptionName};
+use crate::swap::KeySlice;
+
+/// The checks of `subscription[i]`, each naming its key under that prefix.
+pub(super) struct Subscription<'a, 'f> {
+    pub(super) v: &'a Validator<'f>,
+    pub(super) i: usize,
+}
+
+impl Subscription<'_, '_> {
+    fn at(&self, key: &str) -> String {
+        format!("subscription[{}].{key}", self.i)
+    }
+
+    pub(super) fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        self.v.invalid(self.at(key), message)
+    }
+
+    fn duration(
+        &self,
+        key: &str,
+        value: Option<&str>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        self.v.duration(&self.at(key), value, default)
+    }
+
+    /// Everything but the name (checked against the other subscriptions'
+    /// first).
+    pub(super) fn check(&self, sub: RawSubscription) -> Result<SubscriptionConfig, ConfigError> {
+        if sub.stream.trim().is_empty() {
+            return Err(self.invalid("stream", "must not be empty"));
+        }
+        let start = self.start(sub.start.as_ref())?;
+        let read_limit = self.read_limit(sub.read_limit)?;
+        let (retry_backoff_initial, retry_backoff_max) =
+            self.retry_backoff(sub.retry_backoff.as_ref())?;
+        let dispatch = self.dispatch(sub.workers, sub.by_key)?;
+        let batch = self.batch(&sub)?;
+        let failure = self.failure(&sub, batch.is_some())?;
+        let sandbox = self.sandbox(&sub, batch)?;
+        let canary = self.canary(sub.canary.as_ref())?;
+        Ok(SubscriptionConfig {
+            canary,
+            failure,
+            sandbox,
+            dispatch,
+            batch,
+            name: SubscriptionName::new(sub.name),
+            stream: StreamName::new(sub.stream),
+            plugin: sub.plugin,
+            start,
+            poll_idle: self.duration("poll_idle", sub.poll_idle.as_deref(), defaults::POLL_IDLE)?,
+            checkpoint_every: self.duration(
+                "checkpoint_every",
+                sub.checkpoint_every.as_deref(),
+                defaults::CHECKPOINT_EVERY,
+            )?,
+            read_limit,
+            handler_timeout: self.duration(
+                "handler_timeout",
+                sub.handler_timeout.as_deref(),
+                defaults::HANDLER_TIMEOUT,
+            )?,
+            retry_backoff_initial,
+            retry_backoff_max,
+            shutdown_timeout: self.duration(
+                "shutdown_timeout",
+                sub.shutdown_timeout.as_deref(),
+                defaults::SHUTDOWN_TIMEOUT,
+            )?,
+        })
+    }
+
+    fn start(&self, start: Option<&RawStart>) -> Result<StartPosition, ConfigError> {
+        Ok(match start {
+            None => StartPosition::Latest,
+            Some(RawStart::Named(name)) => match name.as_str() {
+                "latest" => StartPosition::Latest,
+                "trim_horizon" => StartPosition::TrimHorizon,
+                other => {
+                    return Err(self.invalid(
+                        "start",
+                        format!(
+                            "{other:?} is not a start position; use \"latest\", \"trim_horizon\" or {{ at_timestamp = \"2026-12-01T00:00:00Z\" }}"
+                        ),
+                    ));
+                }
+            },
+            Some(RawStart::Table(table)) => {
+                let ts = humantime::parse_rfc3339_weak(&table.at_timestamp).map_err(|e| {
+                    self.invalid(
+                        "start.at_timestamp",
+                        format!("{:?} is not an RFC 3339 time ({e})", table.at_timestamp),
+                    )
+                })?;
+                StartPosition::AtTimestamp(ts)
+            }
+        })
+    }
+
+    fn read_limit(&self, read_limit: Option<i64>) -> Result<i32, ConfigError> {
+        match read_limit {
+            None => Ok(defaults::READ_LIMIT),
+            Some(n @ 1..=10_000) => Ok(n as i32),
+            Some(n) => Err(self.invalid(
+                "read_limit",
+                format!("{n} is out of range: GetRecords takes 1 to 10000"),
+            )),
+        }
+    }
+
+    fn retry_backoff(
+        &self,
+        backoff: Option<&RawBackoff>,
+    ) -> Result<(Duration, Duration), ConfigError> {
+        let (initial, max) =
+            backoff.map_or((None, None), |b| (b.initial.as_deref(), b.max.as_deref()));
+        let initial = self.duration(
+            "retry_backoff.initial",
+            initial,
+            defaults::RETRY_BACKOFF_INITIAL,
+        )?;
+        let max = self.duration("retry_backoff.max", max, defaults::RETRY_BACKOFF_MAX)?;
+        if max < initial {
+            return Err(self.invalid(
+                "retry_backoff.max",
+                "must not be shorter than retry_backoff.initial",
+            ));
+        }
+        Ok((initial, max))
+    }
+
+    fn dispatch(
+        &self,
+        workers: Option<i64>,
+        by_key: Option<bool>,
+    ) -> Result<DispatchMode, ConfigError> {
+        match (workers, by_key.unwrap_or(false)) {
+            (None, false) => Ok(DispatchMode::Sequential),
+            (None, true) => Err(self.invalid(
+                "by_key",
+                "needs `workers`: by_key spreads keys over `workers` lanes",
+            )),
+            (Some(n @ 1..=defaults::MAX_WORKERS), true) => Ok(DispatchMode::ByKey(n as usize)),
+            (Some(n @ 1..=defaults::MAX_WORKERS), false) => Ok(DispatchMode::Workers(n as usize)),
+            (Some(n), _) => Err(self.invalid(
+                "workers",
+                format!("{n} is out of range: 1 to {}", defaults::MAX_WORKERS),
+            )),
+        }
+    }
+
+    fn batch(&self, sub: &RawSubscription) -> Result<Option<BatchConfig>, ConfigError> {
+        if sub.batch_size.is_none() && sub.max_batch_bytes.is_some() {
+            return Err(self.invalid(
+                "max_batch_bytes",
+                "needs `batch_size`: the byte limit only applies to batches",
+            ));
+        }
+        match (sub.batch_size, &sub.batch_window) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(self.invalid(
+                "batch_window",
+                "needs `batch_size`: the window only applies to batches",
+            )),
+            (Some(size @ 1..=defaults::MAX_BATCH_SIZE), window) => Ok(Some(BatchConfig {
+                size: size as usize,
+                max_bytes: self.v.size(
+                    &self.at("max_batch_bytes"),
+                    sub.max_batch_bytes.as_deref(),
+                    defaults::MAX_BATCH_BYTES,
+                    (1 << 10, "1KiB"),
+                    "\"6MiB\", \"512KiB\"",
+                )?,
+                window: self.duration("batch_window", window.as_deref(), defaults::BATCH_WINDOW)?,
+            })),
+            (Some(size), _) => Err(self.invalid(
+                "batch_size",
+                format!("{size} is out of range: 1 to {}", defaults::MAX_BATCH_SIZE),
+            )),
+        }
+    }
+
+    fn failure(&self, sub: &RawSubscription, batches: bool) -> Result<FailurePolicy, ConfigError> {
+        let on_failure = match (
+            sub.on_failure.unwrap_or(RawOnFailure::Block),
+            &sub.dead_letter_stream,
+        ) {
+            (RawOnFailure::DeadLetter, Some(stream)) if !stream.trim().is_empty() => {
+                OnFailure::DeadLetter(StreamName::new(stream.as_str()))
+            }
+            (RawOnFailure::DeadLetter, _) => {
+                return Err(self.invalid(
+                    "dead_letter_stream",
+                    "on_failure = \"dead_letter\" needs the stream to put failed records to",
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(self.invalid(
+                    "dead_letter_stream",
+                    "only applies with on_failure = \"dead_letter\"",
+                ));
+            }
+            (RawOnFailure::Block, None) => OnFailure::Block,
+            (RawOnFailure::Skip, None) => OnFailure::Skip,
+        };
+        let max_attempts = match sub.max_attempts {
+            None | Some(-1) => None,
+            Some(n @ 1..=1_000_000) => Some(n as u32),
+            Some(n) => {
+                return Err(self.invalid(
+                    "max_attempts",
+                    format!("{n} is out of range: 1 to 1000000, or -1 for unlimited"),
+                ));
+            }
+        };
+        let failure = FailurePolicy {
+            max_attempts,
+            max_record_age: match sub.max_record_age.as_deref() {
+                None => None,
+                Some(age) => Some(self.duration("max_record_age", Some(age), Duration::ZERO)?),
+            },
+            on_failure,
+            bisect_on_error: sub.bisect_on_error.unwrap_or(false),
+        };
+        if failure.bisect_on_error && !batches {
+            return Err(self.invalid(
+                "bisect_on_error",
+                "only applies to batches (set batch_size)",
+            ));
+        }
+        Ok(failure)
+    }
+
+    fn sandbox(
+        &self,
+        sub: &RawSubscription,
+        batch: Option<BatchConfig>,
+    ) -> Result<SandboxConfig, ConfigError> {
+        let max_memory = self.v.size(
+            &self.at("max_memory"),
+            sub.max_memory.as_deref(),
+            defaults::MAX_MEMORY,
+            (1 << 20, "1MiB"),
+            "\"64MiB\", \"1GiB\"",
+        )?;
+        // A batch set to exceed the guest's whole memory can never be
+        // lowered into it. (The default limit may: such batches split when
+        // lowering fails, see dispatch.)
+        if let (Some(b), Some(text)) = (batch, sub.max_batch_bytes.as_deref())
+            && b.max_bytes > max_memory
+        {
+            return Err(self.invalid(
+                "max_batch_bytes",
+                format!(
+                    "{text:?} exceeds max_memory ({max_memory} bytes): such a batch cannot be lowered into the guest"
+                ),
+            ));
+        }
+        let fuel = match sub.fuel {
+            None => None,
+            Some(n) if n > 0 => Some(n as u64),
+            Some(n) => return Err(self.invalid("fuel", format!("{n} must be positive"))),
+        };
+        let mut env = Vec::new();
+        for name in sub.env.clone().unwrap_or_default() {
+            match std::env::var(&name) {
+                Ok(value) => env.push((name, value)),
+                Err(_) => {
+                    return Err(self.invalid(
+                        "env",
+                        format!("{name:?} is not set in the host's environment"),
+                    ));
+                }
+            }
+        }
+        let preopen = match &sub.preopen {
+            None => None,
+            Some(p) => Some(self.preopen(p)?),
+        };
+        let log_rate = self.v.count(
+            &self.at("log_rate"),
+            sub.log_rate,
+            defaults::LOG_RATE,
+            1..=1_000_000,
+            "1 to 1000000",
+        )?;
+        Ok(SandboxConfig {
+            max_memory,
+            fuel,
+            env,
+            preopen,
+            log_rate,
+            grants: Arc::new(self.grants(sub)?),
+        })
+    }
+
+    /// `outputs`, `config` and `http`: what a 0.2.0 plugin may reach.
+    fn grants(&self, sub: &RawSubscription) -> Result<Grants, ConfigError> {
+        let mut outputs = BTreeSet::new();
+        for (j, stream) in sub.outputs.iter().flatten().enumerate() {
+            if stream.trim().is_empty() {
+                return Err(self.invalid(&format!("outputs[{j}]"), "must not be empty"));
+            }
+            if !outputs.insert(StreamName::new(stream.as_str())) {
+                return Err(self.invalid(
+                    &format!("outputs[{j}]"),
+                    format!("{stream:?} is listed twice"),
+                ));
+            }
+        }
+        let mut config = BTreeMap::new();
+        for (key, value) in sub.config.iter().flatten() {
+            let Some(text) = value.as_str() else {
+                return Err(self.invalid(
+                    &format!("config.{key}"),
+                    format!(
+                        "{value} ({}) is not a string: config values reach the plugin as strings (quote it)",
+                        value.type_str()
+                    ),
+                ));
+            };
+            config.insert(key.clone(), text.to_owned());
+        }
+        let http = match &sub.http {
+            None => None,
+            Some(http) => Some(self.http(http)?),
+        };
+        Ok(Grants {
+            outputs,
+            config,
+            http,
+        })
+    }
+
+    fn http(&self, http: &RawHttp) -> Result<HttpGrant, ConfigError> {
+        let mut allow = Vec::with_capacity(http.allow.len());
+        for (j, entry) in http.allow.iter().enumerate() {
+            allow.push(parse_destination(entry).map_err(|why| {
+                self.invalid(&format!("http.allow[{j}]"), format!("{entry:?} {why}"))
+            })?);
+        }
+        Ok(HttpGrant {
+            allow,
+            timeout: self.duration(
+                "http.timeout",
+                http.timeout.as_deref(),
+                defaults::HTTP_TIMEOUT,
+            )?,
+            max_response: self.v.size(
+                &self.at("http.max_response"),
+                http.max_response.as_deref(),
+                defaults::HTTP_MAX_RESPONSE as usize,
+                (1, "1 byte"),
+                "\"1MiB\", \"64KiB\"",
+            )? as u64,
+        })
+    }
+
+    fn preopen(&self, p: &RawPreopen) -> Result<Preopen, ConfigError> {
+        if !p.host.is_dir() {
+            return Err(self.invalid(
+                "preopen.host",
+                format!("{} is not a directory", p.host.display()),
+            ));
+        }
+        if !p.guest.starts_with('/') {
+            return Err(self.invalid("preopen.guest", "must be an absolute path, e.g. \"/data\""));
+        }
+        Ok(Preopen {
+            host: p.host.clone(),
+            guest: p.guest.clone(),
+        })
+    }
+
+    fn canary(&self, canary: Option<&RawCanary>) -> Result<Option<CanaryConfig>, ConfigError> {
+        let Some(c) = canary else {
+            return Ok(None);
+        };
+        let slice = KeySlice::new(c.key_fraction).ok_or_else(|| {
+            self.invalid(
+                "canary.key_fraction",
+                format!(
+                    "{} is out of range: more than 0 (at least 0.000001), at most 1",
+                    c.key_fraction
+                ),
+            )
+        })?;
+        Ok(Some(CanaryConfig {
+            plugin: c.plugin.clone(),
+            slice,
+        }))
+    }
+}
+
+/// `host:port` (an IPv6 address in brackets: `[::1]:8080`), the port
+/// required; the host kept in lower case.
+fn parse_destination(entry: &str) -> Result<HttpDestination, &'static str> {
+    let (host, port) = entry
+        .rsplit_once(':')
+        .ok_or("is not host:port (the port is required, e.g. \"api.example.com:443\")")?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty()
+        || host.contains(['/', ' ', '@'])
+        || host.contains(':') && !entry.starts_with('[')
+    {
+        return Err("is not host:port (write an IPv6 address in brackets: \"[::1]:8080\")");
+    }
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or("has no valid port (1 to 65535)")?;
+    Ok(HttpDestination {
+        host: host.to_ascii_lowercase(),
+        port,
+    })
+}
