@@ -95,11 +95,12 @@ fn validate(config_path: PathBuf) -> anyhow::Result<()> {
     } in loaded
     {
         println!(
-            "subscription {}: stream {}, plugin {} ({}, {}), {}",
+            "subscription {}: stream {}, plugin {} ({}, {}, {}), {}",
             sub.name,
             sub.stream,
             sub.plugin.display(),
             plugin.world(),
+            plugin.contract(),
             plugin.digest(),
             sub.mode()
         );
