@@ -19,5 +19,6 @@ mod hostile;
 mod lanes;
 mod leases;
 mod ops;
+mod packaging;
 mod outputs;
 mod pipeline;

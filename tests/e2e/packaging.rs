@@ -1,0 +1,43 @@
+//! The packaging files verify with the tools that would install them.
+
+use shardlane_testkit::repo_root;
+
+use crate::common::shardlane_bin;
+
+/// `packaging/systemd/shardlane.service` passes `systemd-analyze verify`
+/// (with its ExecStart pointed at the built binary: verify checks that it
+/// exists), and gives the ordered shutdown more time than the default
+/// `shutdown_timeout`.
+#[test]
+fn the_systemd_unit_verifies() {
+    let unit = std::fs::read_to_string(repo_root().join("packaging/systemd/shardlane.service"))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shardlane.service");
+    std::fs::write(
+        &path,
+        unit.replace("/usr/local/bin/shardlane", &shardlane_bin().display().to_string()),
+    )
+    .unwrap();
+    let out = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze (Debian's systemd package) runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stderr.contains("shardlane.service"),
+        "no warnings about the unit: {stderr}"
+    );
+    let stop: u64 = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("TimeoutStopSec="))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("TimeoutStopSec set in seconds");
+    let shutdown = shardlane::config::defaults::SHUTDOWN_TIMEOUT.as_secs();
+    assert!(
+        stop > shutdown,
+        "TimeoutStopSec {stop}s outlasts shutdown_timeout {shutdown}s"
+    );
+}
