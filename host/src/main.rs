@@ -1,5 +1,6 @@
-//! The `shardlane` binary: `run` the service from a config file, or `check` a
-//! plugin. Errors print as one line and exit non-zero.
+//! The `shardlane` binary: `run` the service from a config file, `validate`
+//! a config, `check` a plugin, print shell `completions` or the `man` page.
+//! Errors print as one line and exit non-zero.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +44,14 @@ enum Command {
         /// The plugin's .wasm file.
         plugin: PathBuf,
     },
+    /// Print a shell completion script (e.g. `shardlane completions bash >
+    /// /etc/bash_completion.d/shardlane`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff; `shardlane man > shardlane.1`).
+    Man,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -57,6 +66,14 @@ fn main() -> ExitCode {
         Command::Run { config, log_format } => run(config, log_format),
         Command::Check { plugin } => check(plugin),
         Command::Validate { config } => validate(config),
+        Command::Completions { shell } => {
+            let mut cli = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cli, "shardlane", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man => clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+            .render(&mut std::io::stdout())
+            .context("cannot write the manual page"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -19,6 +19,6 @@ mod hostile;
 mod lanes;
 mod leases;
 mod ops;
-mod packaging;
 mod outputs;
+mod packaging;
 mod pipeline;

@@ -10,13 +10,16 @@ use crate::common::shardlane_bin;
 /// `shutdown_timeout`.
 #[test]
 fn the_systemd_unit_verifies() {
-    let unit = std::fs::read_to_string(repo_root().join("packaging/systemd/shardlane.service"))
-        .unwrap();
+    let unit =
+        std::fs::read_to_string(repo_root().join("packaging/systemd/shardlane.service")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shardlane.service");
     std::fs::write(
         &path,
-        unit.replace("/usr/local/bin/shardlane", &shardlane_bin().display().to_string()),
+        unit.replace(
+            "/usr/local/bin/shardlane",
+            &shardlane_bin().display().to_string(),
+        ),
     )
     .unwrap();
     let out = std::process::Command::new("systemd-analyze")
@@ -40,4 +43,35 @@ fn the_systemd_unit_verifies() {
         stop > shutdown,
         "TimeoutStopSec {stop}s outlasts shutdown_timeout {shutdown}s"
     );
+}
+
+/// `--version`, shell completions and the manual page come from the binary.
+#[test]
+fn the_binary_prints_its_version_completions_and_manual() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(shardlane_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(
+        run(&["--version"]).trim(),
+        format!("shardlane {}", env!("CARGO_PKG_VERSION"))
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let script = run(&["completions", shell]);
+        assert!(
+            script.contains("validate") && script.contains("check"),
+            "{shell}: {script}"
+        );
+    }
+    let man = run(&["man"]);
+    assert!(man.contains(".TH shardlane 1"), "{man}");
+    assert!(man.contains("validate"), "{man}");
 }
