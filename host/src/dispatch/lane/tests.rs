@@ -24,6 +24,9 @@ use crate::kinesis::KinesisError;
 use crate::settlement::{SettlementMsg, Ticket};
 use crate::telemetry::Telemetry;
 
+mod batches;
+mod outputs;
+
 /// One scripted answer; when the script runs out, everything is acked.
 enum Step {
     One(Result<Outcome, CallError>),
@@ -477,107 +480,6 @@ async fn block_keeps_retrying_past_max_attempts_and_never_settles() {
     assert!(run.metric("shardlane_records_blocked_total{subscription=\"s\"}") >= 4);
 }
 
-/// Catches: a batch whose call failed retried whole forever instead of
-/// bisected, or bisected halves that do not count the attempt.
-#[tokio::test(start_paused = true)]
-async fn a_failed_batch_is_bisected_and_the_halves_count_an_attempt() {
-    let script = Script::new([Step::Batch(Err(CallError::Timeout(Duration::from_secs(1))))]);
-    let run = run_lane(
-        subscription("batch_size = 4\nbisect_on_error = true"),
-        None,
-        script.clone(),
-        (0..4).map(|i| record(i, 0)).collect(),
-        None,
-    )
-    .await;
-    assert_eq!(
-        script.calls(),
-        vec![
-            calls(&[(0, 1), (1, 1), (2, 1), (3, 1)], 0),
-            calls(&[(0, 2), (1, 2)], 1),
-            calls(&[(2, 2), (3, 2)], 1),
-        ]
-    );
-    assert_eq!(run.settled, vec![0, 1, 2, 3]);
-}
-
-/// Catches: a batch too big for the guest retried whole forever, or the
-/// split counted as an attempt (records would run out of attempts without
-/// ever reaching the guest).
-#[tokio::test(start_paused = true)]
-async fn a_batch_too_big_for_memory_is_halved_without_counting_an_attempt() {
-    let script = Script::new([Step::Batch(Err(CallError::OutOfMemory("grow".into())))]);
-    let run = run_lane(
-        subscription("batch_size = 4"),
-        None,
-        script.clone(),
-        (0..4).map(|i| record(i, 0)).collect(),
-        None,
-    )
-    .await;
-    assert_eq!(
-        script.calls(),
-        vec![
-            calls(&[(0, 1), (1, 1), (2, 1), (3, 1)], 0),
-            calls(&[(0, 1), (1, 1)], 1),
-            calls(&[(2, 1), (3, 1)], 1),
-        ]
-    );
-    assert_eq!(run.settled, vec![0, 1, 2, 3]);
-}
-
-/// Catches: a batch's retried record called again inside the next batch
-/// (out of order), or acks of a batch held back by its retried record.
-#[tokio::test(start_paused = true)]
-async fn a_batchs_retried_records_are_called_again_alone_before_new_ones() {
-    let script = Script::new([Step::Batch(Ok(vec![
-        Outcome::Ack,
-        Outcome::Retry("later".into()),
-        Outcome::Ack,
-    ]))]);
-    let run = run_lane(
-        subscription("batch_size = 3"),
-        None,
-        script.clone(),
-        (0..6).map(|i| record(i, 0)).collect(),
-        None,
-    )
-    .await;
-    assert_eq!(
-        script.calls(),
-        vec![
-            calls(&[(0, 1), (1, 1), (2, 1)], 0),
-            calls(&[(1, 2)], 0),
-            calls(&[(3, 1), (4, 1), (5, 1)], 0),
-        ]
-    );
-    assert_eq!(run.settled, vec![0, 2, 1, 3, 4, 5]);
-}
-
-/// Catches: an answer of the wrong length that loses records (neither
-/// settled nor retried), or that needlessly recycles the instance.
-#[tokio::test(start_paused = true)]
-async fn a_wrong_number_of_outcomes_fails_the_whole_batch_and_keeps_the_instance() {
-    let script = Script::new([Step::Batch(Ok(vec![Outcome::Ack]))]);
-    let run = run_lane(
-        subscription("batch_size = 2"),
-        None,
-        script.clone(),
-        (0..2).map(|i| record(i, 0)).collect(),
-        None,
-    )
-    .await;
-    assert_eq!(
-        script.calls(),
-        vec![calls(&[(0, 1), (1, 1)], 0), calls(&[(0, 2), (1, 2)], 0)]
-    );
-    assert_eq!(run.settled, vec![0, 1]);
-    assert_eq!(
-        run.metric("shardlane_call_failures_total{subscription=\"s\",kind=\"guest_error\"}"),
-        1
-    );
-}
-
 /// Catches: a swap that never reaches a running lane, or one that cuts a
 /// record's retries over to the new version mid-way.
 #[tokio::test(start_paused = true)]
@@ -640,88 +542,5 @@ fn the_failure_policy_config_is_what_the_lane_applies() {
             on_failure: OnFailure::Skip,
             bisect_on_error: false,
         }
-    );
-}
-
-fn output(input: u32, data: &str) -> Output {
-    Output {
-        input,
-        stream: StreamName::from("out"),
-        partition_key: PartitionKey::from("k"),
-        data: data.as_bytes().to_vec(),
-    }
-}
-
-/// Catches: a record with outputs settled before they are put (the
-/// checkpoint would pass an input whose outputs may never appear).
-#[tokio::test(start_paused = true)]
-async fn an_acked_record_with_outputs_settles_through_the_output_stage() {
-    let script = Script::new([Step::OneWith(
-        Outcome::Ack,
-        vec![output(0, "a"), output(0, "b")],
-    )]);
-    let run = run_lane(
-        subscription(""),
-        None,
-        script,
-        vec![record(0, 0), record(1, 0)],
-        None,
-    )
-    .await;
-    assert_eq!(
-        run.published,
-        vec![(0, vec!["a".to_owned(), "b".to_owned()])]
-    );
-    assert_eq!(
-        run.settled,
-        vec![1],
-        "record 0 settles only once its outputs are put"
-    );
-}
-
-/// Catches: outputs of a failed attempt published (a retried input would
-/// publish once per attempt).
-#[tokio::test(start_paused = true)]
-async fn only_the_acking_attempt_publishes() {
-    let script = Script::new([
-        Step::OneWith(Outcome::Retry("later".into()), vec![output(0, "first")]),
-        Step::OneWith(Outcome::Ack, vec![output(0, "second")]),
-    ]);
-    let run = run_lane(subscription(""), None, script, vec![record(0, 0)], None).await;
-    assert_eq!(run.published, vec![(0, vec!["second".to_owned()])]);
-}
-
-/// Catches: a batch's outputs attached to the wrong input, or a rejected
-/// input's outputs published.
-#[tokio::test(start_paused = true)]
-async fn a_batchs_outputs_go_with_their_own_inputs_and_only_if_acked() {
-    let script = Script::new([Step::BatchWith(
-        vec![Outcome::Ack, Outcome::Reject("no".into()), Outcome::Ack],
-        vec![
-            output(2, "two"),
-            output(1, "one"),
-            output(0, "zero"),
-            output(2, "two-b"),
-        ],
-    )]);
-    let run = run_lane(
-        subscription("batch_size = 3\non_failure = \"skip\""),
-        None,
-        script,
-        (0..3).map(|i| record(i, 0)).collect(),
-        None,
-    )
-    .await;
-    assert_eq!(
-        run.published,
-        vec![
-            (0, vec!["zero".to_owned()]),
-            (2, vec!["two".to_owned(), "two-b".to_owned()]),
-        ]
-    );
-    assert_eq!(
-        run.settled,
-        vec![1],
-        "the reject settles (skipped); 0 and 2 wait for their outputs"
     );
 }
