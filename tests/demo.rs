@@ -4,8 +4,10 @@
 //! test --workspace` runs it too, and it shares the suite's build). Starts
 //! the Kinesis emulator, creates a 2-shard stream, builds the echo plugin,
 //! runs `shardlane run` on a generated config, puts 20
-//! records, shows the host's output as the plugin handles them, and stops
-//! the host with SIGTERM once all 20 are through.
+//! records, shows the host's output as the plugin handles them (one short
+//! line each, read from the host's JSON log: the full fields are in
+//! `target/demo/host.log`), stops the host with SIGTERM once all 20 are
+//! through, and sums up.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -69,7 +71,7 @@ checkpoint_every = "500ms"
         config_path.display()
     ));
     let mut host = Command::new(bin)
-        .args(["run", "--config"])
+        .args(["run", "--log-format", "json", "--config"])
         .arg(&config_path)
         .env("AWS_ENDPOINT_URL_KINESIS", kinesis.endpoint())
         .env("AWS_ACCESS_KEY_ID", "demo")
@@ -79,16 +81,24 @@ checkpoint_every = "500ms"
         .context("cannot start the host")?;
     let (tx, rx) = mpsc::channel();
     let stdout = host.stdout.take().expect("stdout is piped");
-    std::thread::spawn(move || {
+    let mut log = std::fs::File::create(dir.join("host.log"))?;
+    let printer = std::thread::spawn(move || {
+        let mut summary = Summary::default();
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            println!("   | {line}");
+            use std::io::Write as _;
+            let _ = writeln!(log, "{line}");
+            if let Some(short) = summary.read(&line) {
+                println!("   {short}");
+            }
             if line.contains("echo key=") {
                 let _ = tx.send(());
             }
         }
+        summary
     });
 
     step(&format!("putting {RECORDS} records"));
+    let started = Instant::now();
     let records: Vec<(String, Vec<u8>)> = (0..RECORDS)
         .map(|i| {
             (
@@ -114,13 +124,69 @@ checkpoint_every = "500ms"
         .args(["-TERM", &host.id().to_string()])
         .status()?;
     let status = host.wait()?;
-    // Let the output thread print the shutdown lines.
-    std::thread::sleep(Duration::from_millis(200));
+    // The host is gone: its output ends, and the printer with it.
+    let summary = printer.join().expect("the output thread does not panic");
     anyhow::ensure!(status.success(), "host exited with {status}");
     step(&format!(
-        "done: {handled} records flowed through the echo plugin"
+        "done: {handled} records flowed through the echo plugin in {:.1?}",
+        started.elapsed()
     ));
+    println!(
+        "   per shard: {}; final checkpoints written: {}; leases released: {}",
+        summary
+            .per_shard
+            .iter()
+            .map(|(shard, n)| format!("{shard} {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        summary.final_checkpoints,
+        summary.released
+    );
+    println!("   the host's full log: {}", dir.join("host.log").display());
     Ok(())
+}
+
+/// What the host said, in short: one line per record handled and per
+/// lease event, and the counts for the summary.
+#[derive(Default)]
+struct Summary {
+    per_shard: std::collections::BTreeMap<String, usize>,
+    final_checkpoints: usize,
+    released: usize,
+}
+
+impl Summary {
+    /// A short form of one JSON log line, when it is worth showing.
+    fn read(&mut self, line: &str) -> Option<String> {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            return Some(line.to_owned());
+        };
+        let field = |name: &str| {
+            v[name]
+                .as_str()
+                .map(str::to_owned)
+                .or_else(|| v[name].as_u64().map(|n| n.to_string()))
+                .unwrap_or_default()
+        };
+        let message = field("message");
+        let shard = field("shard_id");
+        if v["target"] == "guest" {
+            *self.per_shard.entry(shard.clone()).or_default() += 1;
+            return Some(format!("record  {shard}  {message}"));
+        }
+        match message.as_str() {
+            "final checkpoint written" => self.final_checkpoints += 1,
+            "lease released" => self.released += 1,
+            _ => {}
+        }
+        let level = v["level"].as_str().unwrap_or("INFO");
+        let detail = if shard.is_empty() {
+            String::new()
+        } else {
+            format!("  {shard}")
+        };
+        Some(format!("{level:<5}  {message}{detail}"))
+    }
 }
 
 fn step(what: &str) {
