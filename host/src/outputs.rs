@@ -22,10 +22,21 @@
 //! Per stream, one `PutRecords` call is under way at a time, carrying the
 //! heads of up to [`MAX_RECORDS_PER_PUT`] queues and [`MAX_BYTES_PER_PUT`]
 //! bytes; what arrives meanwhile waits for the next call, so calls fill up
-//! under load and leave at once when idle. A call that fails as a whole
+//! under load and leave at once when idle. With more keys waiting than one
+//! call holds, calls take keys round robin (from just after the last key
+//! the previous call took), so no key waits behind others indefinitely. A call that fails as a whole
 //! (throttled, 5xx, the network) and records it refused are tried again
 //! after a jittered, doubling backoff; failures are counted and logged at
 //! most once per [`LOG_INTERVAL`], not per record.
+//!
+//! # Refusals that do not pass
+//! Every failure is tried again, including ones that will not pass by
+//! themselves (the stream deleted, access denied): an output is never
+//! dropped, so its input and every later input of its shard stay
+//! unsettled, and the subscription stalls behind it with the failure
+//! counted and logged. Output streams are checked at start-up; one that
+//! goes away later needs an operator (recreate it, or remove the grant and
+//! redeploy).
 //!
 //! # Bounds
 //! The stage stops taking publishes while it holds [`MAX_PENDING_OUTPUTS`]
@@ -40,6 +51,7 @@
 //! unsettled, to be read again.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,6 +143,10 @@ struct Pending {
 struct StreamState {
     queues: BTreeMap<PartitionKey, VecDeque<Queued>>,
     putting: bool,
+    /// Where the next call starts taking heads: just after the last key
+    /// the previous call took, so that with more keys than one call holds
+    /// every key gets its turn (round robin), not only the first in order.
+    cursor: Option<PartitionKey>,
     /// No call before this (after a failure).
     retry_at: Option<Instant>,
     backoff: Option<Backoff>,
@@ -163,6 +179,9 @@ pub struct OutputStage {
     held_outputs: usize,
     held_bytes: usize,
     puts: JoinSet<Put>,
+    /// The stream each call under way puts to, to recover from a call
+    /// whose task failed (panicked) without reporting.
+    calls: HashMap<tokio::task::Id, StreamName>,
     metrics: Metrics,
     log: LogGate,
     /// Failures since the last log line.
@@ -229,6 +248,7 @@ impl OutputStage {
             held_outputs: 0,
             held_bytes: 0,
             puts: JoinSet::new(),
+            calls: HashMap::new(),
             metrics,
             log: LogGate::every(LOG_INTERVAL),
             unlogged: 0,
@@ -249,9 +269,12 @@ impl OutputStage {
             tokio::select! {
                 biased;
                 _ = hard_stop.cancelled() => break,
-                Some(done) = self.puts.join_next() => match done {
-                    Ok(put) => self.finished(put).await,
-                    Err(e) => tracing::error!(subscription = %self.subscription, error = %e, "output put task failed"),
+                Some(done) = self.puts.join_next_with_id() => match done {
+                    Ok((id, put)) => {
+                        self.calls.remove(&id);
+                        self.finished(put).await;
+                    }
+                    Err(e) => self.call_failed(e),
                 },
                 msg = inbox.recv(), if open && room => match msg {
                     Some(publish) => self.enqueue(publish),
@@ -313,7 +336,20 @@ impl OutputStage {
             let mut keys = Vec::new();
             let mut records = Vec::new();
             let mut bytes = 0;
-            for (key, queue) in &state.queues {
+            // Round robin: the keys after the cursor, then from the start.
+            let cursor = state.cursor.as_ref();
+            let after = state.queues.range::<PartitionKey, _>((
+                cursor.map_or(Bound::Unbounded, Bound::Excluded),
+                Bound::Unbounded,
+            ));
+            let before = state
+                .queues
+                .range::<PartitionKey, _>((
+                    Bound::Unbounded,
+                    cursor.map_or(Bound::Unbounded, Bound::Included),
+                ))
+                .take(if cursor.is_some() { usize::MAX } else { 0 });
+            for (key, queue) in after.chain(before) {
                 let Some(head) = queue.front() else { continue };
                 let size = head.data.len() + key.as_str().len();
                 if !records.is_empty() && bytes + size > MAX_BYTES_PER_PUT {
@@ -326,19 +362,39 @@ impl OutputStage {
                     break;
                 }
             }
+            state.cursor = keys.last().cloned();
             state.putting = true;
             self.metrics.calls.inc();
             self.metrics.call_size.observe(records.len() as f64);
             let sink = self.sink.clone();
             let stream = stream.clone();
-            self.puts.spawn(async move {
-                let result = sink.put_records(&stream, &records).await;
+            let task = stream.clone();
+            let handle = self.puts.spawn(async move {
+                let result = sink.put_records(&task, &records).await;
                 Put {
-                    stream,
+                    stream: task,
                     keys,
                     result,
                 }
             });
+            self.calls.insert(handle.id(), stream);
+        }
+    }
+
+    /// A call's task failed without reporting (a panic in the sink): none
+    /// of its outputs count as put; the stream tries again after a backoff.
+    fn call_failed(&mut self, error: tokio::task::JoinError) {
+        let Some(stream) = self.calls.remove(&error.id()) else {
+            return;
+        };
+        tracing::error!(subscription = %self.subscription, stream = %stream, error = %error, "output put task failed; its outputs are put again");
+        self.metrics.failed.inc();
+        if let Some(state) = self.streams.get_mut(&stream) {
+            state.putting = false;
+            let backoff = state.backoff.get_or_insert_with(|| {
+                Backoff::new(Duration::from_millis(100), Duration::from_secs(10))
+            });
+            state.retry_at = Some(Instant::now() + backoff.next_wait());
         }
     }
 

@@ -344,11 +344,13 @@ impl ShardReader {
                 session: self.session,
                 offset: self.next_offset,
             };
-            self.next_offset += 1;
             let sequence = record.sequence.clone();
             if !self.deliver(Delivery { record, ticket }).await {
+                // Not sent: `next_offset` (what `Close` reports as handed
+                // out) stays below it, so the drain does not wait for it.
                 return false;
             }
+            self.next_offset += 1;
             self.position = ReadFrom::After(sequence);
         }
         true

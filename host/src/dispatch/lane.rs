@@ -44,10 +44,12 @@ use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
 use crate::telemetry::spans;
 
 mod metrics;
+mod publish;
 #[cfg(test)]
 mod tests;
 
 pub(super) use metrics::LaneMetrics;
+use publish::{Deferred, OutputsByInput};
 
 /// First and longest wait between dead-letter puts that fail.
 const DEAD_LETTER_BACKOFF: (Duration, Duration) =
@@ -74,6 +76,9 @@ pub(super) struct Lane<F: HandlerFactory> {
     spare: Vec<Item>,
     /// A batch call's arguments, likewise.
     args: Vec<(Arc<Record>, u32)>,
+    /// Publishes held back until the group under way settles (see
+    /// [`publish`]).
+    deferred: Deferred,
 }
 
 /// `hard_stop` fired: the lane stops where it is.
@@ -84,6 +89,8 @@ struct Item {
     record: Arc<Record>,
     ticket: Ticket,
     attempt: u32,
+    /// Its place in the group it came in (lane order).
+    position: u32,
 }
 
 /// What one call answered: an outcome per record of the group, in order,
@@ -132,6 +139,7 @@ impl<F: HandlerFactory> Lane<F> {
             generation: 0,
             spare: Vec::new(),
             args: Vec::new(),
+            deferred: Deferred::default(),
         }
     }
 
@@ -308,6 +316,10 @@ impl<F: HandlerFactory> Lane<F> {
         let mut backoff = self.backoff();
         let mut groups: VecDeque<Vec<Item>> = VecDeque::new();
         let mut group = group;
+        for (position, item) in (0..).zip(group.iter_mut()) {
+            item.position = position;
+        }
+        self.deferred.clear();
         loop {
             while !group.is_empty() {
                 let Some(result) = self.call(&group, &mut backoff, hard_stop).await else {
@@ -343,6 +355,9 @@ impl<F: HandlerFactory> Lane<F> {
                 None => break,
             }
         }
+        for (ticket, outputs) in self.deferred.release() {
+            self.publish(ticket, outputs).await;
+        }
         // Keep the (empty) buffer for the next record.
         self.spare = group;
         true
@@ -368,7 +383,11 @@ impl<F: HandlerFactory> Lane<F> {
             match outcome {
                 Outcome::Ack if !published.is_empty() => {
                     self.metrics.acked.inc();
-                    self.publish(item.ticket, published).await;
+                    if self.deferred.holding() {
+                        self.deferred.hold(item.position, item.ticket, published);
+                    } else {
+                        self.publish(item.ticket, published).await;
+                    }
                 }
                 Outcome::Ack => {
                     self.metrics.acked.inc();
@@ -405,6 +424,9 @@ impl<F: HandlerFactory> Lane<F> {
                     if let Some(item) =
                         Box::pin(self.after_failure(item, &reason, version, hard_stop)).await?
                     {
+                        // A later record of its key may ack now; its
+                        // outputs must not overtake this one's.
+                        self.deferred.start();
                         again.push(item);
                     }
                 }
@@ -552,6 +574,7 @@ impl<F: HandlerFactory> Lane<F> {
             record,
             ticket,
             attempt: attempts,
+            ..
         } = item;
         let sub = self.subscription.name.clone();
         match next {
@@ -614,36 +637,6 @@ impl<F: HandlerFactory> Lane<F> {
     }
 }
 
-/// A call's outputs, taken input by input in index order.
-struct OutputsByInput {
-    outputs: std::iter::Peekable<std::vec::IntoIter<Output>>,
-}
-
-impl OutputsByInput {
-    fn new(mut outputs: Vec<Output>) -> Self {
-        // Stable: an input's outputs keep their publish order.
-        outputs.sort_by_key(|o| o.input);
-        Self {
-            outputs: outputs.into_iter().peekable(),
-        }
-    }
-
-    /// The outputs of input `index` (earlier inputs' leftovers dropped).
-    fn take(&mut self, index: usize) -> Vec<Output> {
-        let mut mine = Vec::new();
-        while let Some(next) = self.outputs.peek() {
-            match (next.input as usize).cmp(&index) {
-                std::cmp::Ordering::Less => {
-                    self.outputs.next();
-                }
-                std::cmp::Ordering::Equal => mine.extend(self.outputs.next()),
-                std::cmp::Ordering::Greater => break,
-            }
-        }
-        mine
-    }
-}
-
 /// How a failed or answered call left its group.
 enum Split {
     /// Not split: what remains in the group is tried again after a backoff.
@@ -660,6 +653,7 @@ impl From<Delivery> for Item {
             record,
             ticket,
             attempt: 1,
+            position: 0,
         }
     }
 }

@@ -363,21 +363,26 @@ impl Keeper {
         self.outbox.clear();
         drop(assignments);
         let mut requests_open = true;
-        while requests_open || !self.io.is_empty() {
+        while requests_open || !self.io.is_empty() || self.has_pending() {
             tokio::select! {
                 request = checkpoints.recv(), if requests_open => match request {
                     Some(request) => self.on_request(request),
                     None => {
                         requests_open = false;
                         // Nothing to renew for any more: what is left is
-                        // released once the writes under way land.
+                        // released once the writes under way land (and a
+                        // final checkpoint that failed is tried again).
                         for holding in self.held.values_mut() {
                             holding.renew_due = false;
                         }
                     }
                 },
                 Some(io) = self.io.join_next() => self.on_io(io),
-                _ = renew.tick(), if requests_open => self.renew_all(),
+                _ = renew.tick() => if requests_open {
+                    self.renew_all();
+                } else {
+                    self.retry_pending();
+                },
             }
         }
         for (shard, holding) in std::mem::take(&mut self.held) {

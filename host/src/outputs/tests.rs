@@ -25,6 +25,7 @@ enum Answer {
     Refuse(Vec<&'static str>),
     Fail,
     Hang,
+    Panic,
 }
 
 #[derive(Default)]
@@ -56,6 +57,7 @@ impl PutRecords for Sink {
             .unwrap_or(Answer::Accept);
         match answer {
             Answer::Hang => std::future::pending().await,
+            Answer::Panic => panic!("scripted panic in the sink"),
             Answer::Fail => Err(KinesisError::Failed("scripted".into())),
             Answer::Accept | Answer::Refuse(_) => {
                 let refused = match &answer {
@@ -233,5 +235,46 @@ async fn it_stops_taking_publishes_at_its_bound_so_lanes_wait() {
         accepted,
         MAX_PENDING_OUTPUTS / per_publish + PUBLISH_QUEUE,
         "held up to the bound, then the inbox fills"
+    );
+}
+
+/// Catches: a call whose task panicked leaving its stream "putting"
+/// forever (its inputs never settle, the subscription stalls).
+#[tokio::test(start_paused = true)]
+async fn a_call_that_panicked_is_made_again() {
+    let sink = Arc::new(Sink::default());
+    sink.script.lock().unwrap().push_back(Answer::Panic);
+    let settled = run(
+        sink.clone(),
+        vec![publish(0, &[("k1", "a")]), publish(1, &[("k1", "b")])],
+    )
+    .await;
+    let landed = sink.landed.lock().unwrap().clone();
+    assert_eq!(landed, [pair("k1", "a"), pair("k1", "b")]);
+    assert_eq!(settled, vec![0, 1]);
+}
+
+/// Catches: calls always taking keys from the start of the key order, so
+/// with more keys waiting than one call holds, the last keys wait behind
+/// the first keys' every output.
+#[tokio::test(start_paused = true)]
+async fn with_more_keys_than_a_call_holds_every_key_gets_its_turn() {
+    let sink = Arc::new(Sink::default());
+    // The first call fails, so everything is queued before the next.
+    sink.script.lock().unwrap().push_back(Answer::Fail);
+    let keys: Vec<String> = (0..600).map(|i| format!("k{i:03}")).collect();
+    let publishes = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| publish(i as u64, &[(k.as_str(), "first"), (k.as_str(), "second")]))
+        .collect();
+    let settled = run(sink.clone(), publishes).await;
+    assert_eq!(settled.len(), 600);
+    let landed = sink.landed.lock().unwrap().clone();
+    let last_first = landed.iter().rposition(|(_, d)| d == "first").unwrap();
+    let first_second = landed.iter().position(|(_, d)| d == "second").unwrap();
+    assert!(
+        last_first < first_second,
+        "every key's first output lands before any key's second ({last_first} vs {first_second})"
     );
 }

@@ -59,6 +59,8 @@ struct Store {
     slow_checkpoints: Mutex<Option<(ShardId, Duration)>>,
     renewals: Mutex<Vec<ShardId>>,
     checkpoints: AtomicUsize,
+    /// Checkpoint writes still to fail (the store unreachable).
+    failing_checkpoints: AtomicUsize,
 }
 
 #[async_trait]
@@ -103,6 +105,13 @@ impl LeaseStore for Store {
             && shard == held.key.shard
         {
             tokio::time::sleep(delay).await;
+        }
+        if self
+            .failing_checkpoints
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(LeaseError::Store("scripted outage".into()));
         }
         self.checkpoints.fetch_add(1, Ordering::SeqCst);
         self.inner.checkpoint(held, checkpoint).await
@@ -410,6 +419,41 @@ async fn shutdown_closes_assignments_writes_final_checkpoints_and_releases() {
         assert_eq!(lease.owner, None);
         assert_eq!(lease.checkpoint, Some(seq(100 + i as u64)));
     }
+}
+
+/// Catches: a shutdown that releases a lease whose final checkpoint
+/// failed once (its records read again by the next owner) instead of
+/// trying it again.
+#[tokio::test(start_paused = true)]
+async fn at_shutdown_a_final_checkpoint_that_failed_is_tried_again_before_release() {
+    let store = Arc::new(Store::default());
+    let mut rig = start(store.clone(), vec![shard("s0", None, false)]);
+    let (_, session, _, _) = read_of(rig.next(Duration::from_secs(1)).await);
+    store.failing_checkpoints.store(2, Ordering::SeqCst);
+    rig.stop.cancel();
+    assert!(rig.next(Duration::from_secs(1)).await.is_none());
+    rig.request("s0", session, seq(9), true).await;
+    drop(rig.checkpoints.take());
+    tokio::time::timeout(Duration::from_secs(30), rig.task)
+        .await
+        .expect("the keeper ends once the final checkpoint is written")
+        .unwrap();
+    let lease = rig.store.read(&key("s0")).await.unwrap().unwrap();
+    assert_eq!(lease.checkpoint, Some(seq(9)), "written at the third try");
+    assert_eq!(lease.owner, None, "then released");
+}
+
+/// Catches: a reader that stopped on its own (not told to) leaving its
+/// lease held and its shard read by nobody.
+#[tokio::test(start_paused = true)]
+async fn a_reader_that_stopped_on_its_own_has_its_lease_released_and_taken_again() {
+    let mut rig = start(Arc::new(Store::default()), vec![shard("s0", None, false)]);
+    let (_, session, _, _) = read_of(rig.next(Duration::from_secs(1)).await);
+    rig.request("s0", session, seq(5), true).await;
+    let (shard, again, from, _) = read_of(rig.next(SYNC * 2).await);
+    assert_eq!(shard, ShardId::from("s0"));
+    assert_ne!(again, session, "a new session");
+    assert_eq!(from, ReadFrom::After(SequenceNumber::parse("5").unwrap()));
 }
 
 /// Catches: a child shard read before its parent ended (per-key order

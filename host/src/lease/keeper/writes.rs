@@ -20,7 +20,12 @@ impl Keeper {
             let Some(holding) = self.held.get_mut(&shard) else {
                 continue;
             };
+            // A hand-over that does not drain in time is forced. Not at
+            // shutdown: there settlement's requests end once dispatch is cut
+            // at the same timeout, with the final checkpoints, and releasing
+            // before them would lose them.
             if let Some(since) = holding.releasing
+                && !self.stopping
                 && now.duration_since(since) >= self.subscription.shutdown_timeout
             {
                 holding.force_release = true;
@@ -32,6 +37,26 @@ impl Keeper {
             holding.renew_due = true;
             self.next_write(&shard);
         }
+    }
+
+    /// At shutdown, once settlement's requests have ended: tries again the
+    /// checkpoint writes that failed (a lease whose writes keep failing is
+    /// lost at its validity deadline, and then released no more).
+    pub(super) fn retry_pending(&mut self) {
+        let shards: Vec<ShardId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.pending.is_some() && !h.writing)
+            .map(|(s, _)| s.clone())
+            .collect();
+        for shard in shards {
+            self.next_write(&shard);
+        }
+    }
+
+    /// True while a checkpoint write is waiting to be tried again.
+    pub(super) fn has_pending(&self) -> bool {
+        self.held.values().any(|h| h.pending.is_some())
     }
 
     fn force_release(&mut self, shard: &ShardId) {
@@ -64,10 +89,9 @@ impl Keeper {
         let limit = self.lease.lease_duration;
         if let Some(request) = holding.pending.take() {
             let Some(point) = request.checkpoint.clone() else {
-                // Drained with nothing new to write: settled as it stands.
+                // Drained with nothing new to write: settled as it stands,
+                // and the lease is released.
                 self.drained(shard, None);
-                // Still held (not being given up): a due renewal goes on.
-                self.next_write(shard);
                 return;
             };
             holding.writing = true;
@@ -277,17 +301,24 @@ impl Keeper {
     /// Everything the shard's reader handed out has settled and its final
     /// checkpoint is written: a lease being given up is released now.
     fn drained(&mut self, shard: &ShardId, checkpoint: Option<&Checkpoint>) {
-        let releasing = self.held.get(shard).and_then(|h| h.releasing);
-        let Some(since) = releasing else {
+        let Some(holding) = self.held.remove(shard) else {
             return;
         };
-        if let Some(holding) = self.held.remove(shard) {
-            tracing::info!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.map(Checkpoint::as_str), drain = ?since.elapsed(), "final checkpoint written");
-            if holding.lease.handoff.is_some() {
-                self.handed_over.insert(shard.clone(), Instant::now());
+        match holding.releasing {
+            Some(since) => {
+                tracing::info!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.map(Checkpoint::as_str), drain = ?since.elapsed(), "final checkpoint written");
+                if holding.lease.handoff.is_some() {
+                    self.handed_over.insert(shard.clone(), Instant::now());
+                }
             }
-            self.release(shard, holding.lease);
+            // Nobody told its reader to stop: it stopped on its own (a
+            // malformed answer from Kinesis). Held on, the shard would be
+            // read by nobody; released, it is taken afresh at a sync.
+            None => {
+                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.map(Checkpoint::as_str), "the shard's reader stopped on its own; lease released after its final checkpoint, to be taken afresh");
+            }
         }
+        self.release(shard, holding.lease);
     }
 }
 
