@@ -9,6 +9,7 @@
 #     libclang-rt-19-dev-wasm32 and wasi-libc (C guests), with apt-get
 #     (as root, or through sudo);
 #   - the npm emulators pinned in tests/emulators/package-lock.json;
+#   - the Python test tools pinned in tests/tools/requirements.txt (a venv);
 #   - the example plugins of every language (Python's componentize-py and
 #     JavaScript's componentize-js come with their build scripts).
 # Arguments are passed to `cargo test --workspace` (e.g. `-- faults::`).
@@ -43,6 +44,9 @@ if [[ -f tests/emulators/node_modules/kinesis-local/main.js && -f tests/emulator
 else
   (cd tests/emulators && npm ci --no-audit --no-fund)
 fi
+
+echo "--- Python test tools (pinned in tests/tools/requirements.txt)"
+tests/tools/ensure.sh >/dev/null && echo "in tests/tools/.venv"
 
 echo "--- example plugins in every language (Rust, Python, JavaScript, C)"
 CARGO_TARGET_DIR="$PWD/target/guests" guest-examples/rust/build.sh   # the target folder the tests use

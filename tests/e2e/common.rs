@@ -1,8 +1,6 @@
 //! Helpers shared by the end-to-end tests.
 
 use std::collections::HashMap;
-use std::io::{Read as _, Write as _};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
@@ -95,34 +93,7 @@ pub fn admin_addr(host: &HostProcess) -> String {
         .expect("the host logs where admin listens")
 }
 
-/// One HTTP/1.1 request; returns (status, body).
-pub fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: &[u8],
-) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("connect to admin");
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
+pub use shardlane_testkit::admin::http;
 
 /// Waits until `host` logs a checkpoint written at sequence number `at`.
 pub async fn wait_checkpoint(host: &mut HostProcess, what: &str, at: &str, within: Duration) {

@@ -12,9 +12,12 @@
 //! - [`HostProcess`] runs the `shardlane` binary on a config, collects its
 //!   JSON log lines, lets a test wait for a condition with a deadline, and
 //!   stops it with SIGTERM.
+//! - [`admin`] sends a request to a host's admin server and reads its
+//!   metrics.
 //! - [`proxy::FaultProxy`] sits between the host and an emulator and
 //!   refuses, resets, delays or answers with injected AWS errors.
 
+pub mod admin;
 pub mod http_server;
 pub mod proxy;
 
@@ -430,6 +433,32 @@ impl Dynalite {
     }
 }
 
+/// The Python of `tests/tools/.venv`, with the tools the suite runs
+/// (`tests/tools/requirements.txt`), installed on first use by
+/// `tests/tools/ensure.sh`, once per process.
+///
+/// # Errors
+/// When python3 or pip cannot install them, with the script's output.
+pub fn tools_python() -> anyhow::Result<PathBuf> {
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let out = Command::new("bash")
+                .arg(repo_root().join("tests/tools/ensure.sh"))
+                .output()
+                .map_err(|e| format!("cannot run tests/tools/ensure.sh: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "tests/tools/ensure.sh failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
 /// The compiled guest plugins.
 pub mod guests {
     use super::*;
@@ -660,7 +689,7 @@ impl HostProcess {
     }
 
     /// Like [`HostProcess::start`], with any environment (emulator
-    /// endpoints).
+    /// endpoints; it overrides the defaults, `RUST_LOG` included).
     ///
     /// # Errors
     /// When the process cannot start.
@@ -671,12 +700,13 @@ impl HostProcess {
         let mut child = Command::new(bin)
             .args(["run", "--log-format", "json", "--config"])
             .arg(&config_path)
-            .envs(env.iter().copied())
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
             .env("AWS_REGION", "us-east-1")
             // Checkpoint writes are debug events; tests assert on them.
             .env("RUST_LOG", "info,shardlane::lease=debug")
+            // After the defaults: a caller's `env` wins.
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -755,6 +785,17 @@ impl HostProcess {
             // Polling the collected log lines.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Fails, with the end of its log, when the process has exited.
+    ///
+    /// # Errors
+    /// When it has exited, or cannot be asked.
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("host exited ({status})\n{}", self.tail());
+        }
+        Ok(())
     }
 
     fn tail(&self) -> String {

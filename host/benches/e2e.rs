@@ -1,0 +1,579 @@
+//! End-to-end benchmark: what the whole host costs per record against
+//! `kinesis-local`, next to the floor of any consumer built on the same
+//! SDK, and what an idle subscription costs.
+//!
+//! Run: `cargo bench -p shardlane --bench e2e` (release build; about 8
+//! minutes, most of it the emulator taking the records). Environment:
+//! `SHARDLANE_BENCH_RECORDS` (default 100,000), `SHARDLANE_BENCH_OUTPUT_RECORDS`
+//! (default 10,000), `SHARDLANE_BENCH_IDLE_SECS` (default 20),
+//! `SHARDLANE_BENCH_MODES` (a comma-separated subset of the mode names, as
+//! printed), `SHARDLANE_BENCH_EXTRA` (lines added to every subscription,
+//! for experiments). Prints a table; BENCHMARKS.md records it.
+//!
+//! # What it does
+//! 1. Starts `kinesis-local` (the test harness's), builds the no-op guests,
+//!    and pre-puts N records of 100 bytes over 200 partition keys into an
+//!    8-shard stream once; every measurement reads that same stream from
+//!    its start (pre-putting is slow on the emulator).
+//! 2. **(a) the floor**: in this process, one task per shard runs
+//!    GetShardIterator(TRIM_HORIZON) + GetRecords (10,000 per call) until
+//!    a page comes back empty, touching each record's data and dropping
+//!    it. CPU is this process's `getrusage` user + system time over the
+//!    loop (nothing else runs in it meanwhile; the emulator is another
+//!    process).
+//! 3. **(b) the host**, per mode: `shardlane run` (memory store, default
+//!    settings, `start = "trim_horizon"`, JSON logs at `info`) with a no-op
+//!    Rust guest; done when `/metrics` counts N acked records (or N
+//!    outputs put, for the outputs mode). CPU is the process's utime +
+//!    stime from `/proc/<pid>/stat` at that moment, less its start-up cost:
+//!    the same config started on an empty 8-shard stream and read when
+//!    `/readyz` first answers 200 (the compile cache is warm for both).
+//!    Wall time likewise less start-up. Polling `/metrics` every 100 ms
+//!    costs the host a little; it is counted. The outputs mode reads a
+//!    stream of its own with fewer records (`kinesis-local` takes puts
+//!    ever more slowly as a stream grows, and this mode puts one output
+//!    per record): its wall time is the emulator's, and its CPU per record
+//!    includes idle polling while it waits on the emulator.
+//! 4. **(c) idle**: the sequential config on the empty stream, CPU over
+//!    `SHARDLANE_BENCH_IDLE_SECS` once ready, per shard per second; and
+//!    beside it what one empty GetRecords costs the bare SDK (the floor of
+//!    any poll).
+//!
+//! Speed targets live here and in BENCHMARKS.md, never in timed tests:
+//! compare runs made in one sitting on one machine.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use aws_sdk_kinesis::types::ShardIteratorType;
+use shardlane_testkit::admin::{http, metric_sum};
+use shardlane_testkit::{HostProcess, Kinesis, free_port, guests};
+
+const SHARDS: i32 = 8;
+const KEYS: usize = 200;
+const PAYLOAD: usize = 100;
+const INPUT: &str = "bench-in";
+const SMALL_INPUT: &str = "bench-in-small";
+const EMPTY: &str = "bench-empty";
+const OUTPUT: &str = "bench-out";
+
+/// One way of running the host over the stream.
+struct Mode {
+    name: &'static str,
+    /// Extra lines of the subscription block.
+    extra: &'static str,
+    plugin: PathBuf,
+    /// Done when every output is put (reading [`SMALL_INPUT`]), not when
+    /// every record is acked.
+    outputs: bool,
+}
+
+/// CPU and wall time of one measured run.
+struct Measured {
+    cpu: Duration,
+    wall: Duration,
+    /// Outputs per PutRecords call (outputs mode).
+    per_put: Option<f64>,
+    /// The host's resident memory at the end (kB).
+    rss_kb: Option<u64>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let records: usize = env_or("SHARDLANE_BENCH_RECORDS", 100_000)?;
+    let output_records: usize = env_or("SHARDLANE_BENCH_OUTPUT_RECORDS", 10_000)?;
+    let idle_secs: u64 = env_or("SHARDLANE_BENCH_IDLE_SECS", 20)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(records, output_records, idle_secs))
+}
+
+async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::Result<()> {
+    let bin = Path::new(env!("CARGO_BIN_EXE_shardlane"));
+    println!("building the no-op guests …");
+    let guests = guests::build()?;
+    println!("starting kinesis-local …");
+    let kinesis = Kinesis::start().await?;
+    for stream in [INPUT, SMALL_INPUT, EMPTY, OUTPUT] {
+        kinesis.create_stream(stream, SHARDS).await?;
+    }
+    pre_put(&kinesis, INPUT, records).await?;
+    pre_put(&kinesis, SMALL_INPUT, output_records).await?;
+    let cache = tempfile::tempdir()?;
+
+    let modes = [
+        Mode {
+            name: "sequential",
+            extra: "",
+            plugin: guests.noop.clone(),
+            outputs: false,
+        },
+        Mode {
+            name: "workers=4 by_key",
+            extra: "workers = 4\nby_key = true",
+            plugin: guests.noop.clone(),
+            outputs: false,
+        },
+        Mode {
+            name: "batch 100",
+            extra: "batch_size = 100",
+            plugin: guests.noop_batch.clone(),
+            outputs: false,
+        },
+        Mode {
+            name: "batch 500",
+            extra: "batch_size = 500",
+            plugin: guests.noop_batch.clone(),
+            outputs: false,
+        },
+        Mode {
+            name: "outputs",
+            extra: "outputs = [\"bench-out\"]",
+            plugin: guests.noop_publish.clone(),
+            outputs: true,
+        },
+    ];
+    let chosen = std::env::var("SHARDLANE_BENCH_MODES").ok();
+    let modes: Vec<Mode> = modes
+        .into_iter()
+        .filter(|m| {
+            chosen
+                .as_deref()
+                .is_none_or(|c| c.split(',').any(|name| name.trim() == m.name))
+        })
+        .collect();
+    if modes.is_empty() {
+        bail!("SHARDLANE_BENCH_MODES: no such mode in {chosen:?}");
+    }
+    let host = HostRun {
+        bin,
+        endpoint: kinesis.endpoint().to_owned(),
+        cache: cache.path().to_owned(),
+        extra: std::env::var("SHARDLANE_BENCH_EXTRA").unwrap_or_default(),
+    };
+    // Compiles each plugin into the cache, so start-ups compare alike.
+    for mode in &modes {
+        host.startup(mode).await?;
+    }
+
+    println!("(a) bare SDK loop …");
+    let floor = sdk_floor(&kinesis, records).await?;
+    let empty_poll = sdk_empty_poll(&kinesis).await?;
+    println!(
+        "    {:.3} CPU-s, {:.2} µs/record, {:.2} s wall",
+        floor.cpu.as_secs_f64(),
+        per_record_us(floor.cpu, records),
+        floor.wall.as_secs_f64()
+    );
+
+    let mut rows = Vec::new();
+    for mode in &modes {
+        println!("(b) host, {} …", mode.name);
+        let n = if mode.outputs {
+            output_records
+        } else {
+            records
+        };
+        let measured = host.measure(mode, n).await?;
+        println!(
+            "    {:.3} CPU-s, {:.2} µs/record, {:.2} s wall",
+            measured.cpu.as_secs_f64(),
+            per_record_us(measured.cpu, n),
+            measured.wall.as_secs_f64()
+        );
+        rows.push((mode, n, measured));
+    }
+
+    println!("(c) idle, {SHARDS} shards, {idle_secs} s …");
+    let idle = host.idle(&modes[0], Duration::from_secs(idle_secs)).await?;
+    if !host.extra.is_empty() {
+        println!(
+            "every subscription also had: {}",
+            host.extra.replace('\n', "; ")
+        );
+    }
+
+    println!();
+    println!(
+        "{records} records ({output_records} for outputs) of {PAYLOAD} bytes, {KEYS} keys, {SHARDS} shards, kinesis-local"
+    );
+    println!(
+        "| run | CPU-s | µs/record | ratio to (a) | wall s | records/s (wall) | RSS MiB | outputs/PutRecords |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| (a) bare SDK loop | {:.3} | {:.2} | 1.00 | {:.2} | {:.0} | – | – |",
+        floor.cpu.as_secs_f64(),
+        per_record_us(floor.cpu, records),
+        floor.wall.as_secs_f64(),
+        records as f64 / floor.wall.as_secs_f64()
+    );
+    for (mode, n, m) in &rows {
+        println!(
+            "| (b) host, {} | {:.3} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} |",
+            mode.name,
+            m.cpu.as_secs_f64(),
+            per_record_us(m.cpu, *n),
+            per_record_us(m.cpu, *n) / per_record_us(floor.cpu, records),
+            m.wall.as_secs_f64(),
+            *n as f64 / m.wall.as_secs_f64(),
+            m.rss_kb
+                .map_or("–".to_owned(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
+            m.per_put.map_or("–".to_owned(), |n| format!("{n:.1}")),
+        );
+    }
+    println!(
+        "(c) idle: {:.4} CPU-s per second for {SHARDS} shards = {:.3} % of a core; {:.5} CPU-s per shard per second",
+        idle,
+        idle * 100.0,
+        idle / f64::from(SHARDS)
+    );
+    println!(
+        "    one empty GetRecords costs the bare SDK {:.0} µs of CPU: {SHARDS} shards polled every {:?} (the default poll_idle) would cost it {:.3} % of a core",
+        empty_poll.as_secs_f64() * 1e6,
+        shardlane::config::defaults::POLL_IDLE,
+        empty_poll.as_secs_f64() * f64::from(SHARDS)
+            / shardlane::config::defaults::POLL_IDLE.as_secs_f64()
+            * 100.0
+    );
+    Ok(())
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{name}: not a number: {v:?}")),
+        Err(_) => Ok(default),
+    }
+}
+
+fn per_record_us(cpu: Duration, records: usize) -> f64 {
+    cpu.as_secs_f64() * 1e6 / records as f64
+}
+
+/// Puts `records` records into `stream`, with progress.
+async fn pre_put(kinesis: &Kinesis, stream: &str, records: usize) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let chunk = 10_000;
+    let mut done = 0;
+    while done < records {
+        let n = chunk.min(records - done);
+        let batch: Vec<(String, Vec<u8>)> = (done..done + n)
+            .map(|i| {
+                let mut data = format!("record {i} ").into_bytes();
+                data.resize(PAYLOAD, b'.');
+                (format!("key-{}", i % KEYS), data)
+            })
+            .collect();
+        kinesis.put_records(stream, &batch).await?;
+        done += n;
+        println!(
+            "pre-putting {stream}: {done}/{records} records ({:.0} s)",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// (a): every record of the input stream read with the bare SDK, one task
+/// per shard.
+async fn sdk_floor(kinesis: &Kinesis, records: usize) -> anyhow::Result<Measured> {
+    let client = kinesis.client();
+    let shards = client.list_shards().stream_name(INPUT).send().await?;
+    let ids: Vec<String> = shards
+        .shards()
+        .iter()
+        .map(|s| s.shard_id().to_owned())
+        .collect();
+    let read = Arc::new(AtomicU64::new(0));
+    let touched = Arc::new(AtomicU64::new(0));
+    let cpu_before = own_cpu();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in ids {
+        let client = client.clone();
+        let read = read.clone();
+        let touched = touched.clone();
+        tasks.spawn(async move {
+            let mut iterator = client
+                .get_shard_iterator()
+                .stream_name(INPUT)
+                .shard_id(&id)
+                .shard_iterator_type(ShardIteratorType::TrimHorizon)
+                .send()
+                .await?
+                .shard_iterator()
+                .map(str::to_owned);
+            while let Some(current) = iterator {
+                let page = client
+                    .get_records()
+                    .shard_iterator(current)
+                    .limit(10_000)
+                    .send()
+                    .await?;
+                if page.records().is_empty() {
+                    break;
+                }
+                let mut sum = 0u64;
+                for record in page.records() {
+                    // Decoded by the SDK; touched so nothing is elided.
+                    sum += record.data().as_ref().len() as u64
+                        + record.partition_key().map_or(0, str::len) as u64
+                        + record.sequence_number().len() as u64;
+                }
+                touched.fetch_add(sum, Ordering::Relaxed);
+                read.fetch_add(page.records().len() as u64, Ordering::Relaxed);
+                iterator = page.next_shard_iterator().map(str::to_owned);
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    let wall = started.elapsed();
+    let cpu = own_cpu() - cpu_before;
+    let read = read.load(Ordering::Relaxed);
+    if read != records as u64 {
+        bail!("the SDK loop read {read} records, not {records}");
+    }
+    Ok(Measured {
+        cpu,
+        wall,
+        per_put: None,
+        rss_kb: None,
+    })
+}
+
+/// The CPU one empty GetRecords costs the bare SDK: 200 calls on a shard
+/// of the empty stream, after 20 to warm up.
+async fn sdk_empty_poll(kinesis: &Kinesis) -> anyhow::Result<Duration> {
+    let client = kinesis.client();
+    let shards = client.list_shards().stream_name(EMPTY).send().await?;
+    let shard = shards
+        .shards()
+        .first()
+        .context("the empty stream has shards")?;
+    let mut iterator = client
+        .get_shard_iterator()
+        .stream_name(EMPTY)
+        .shard_id(shard.shard_id())
+        .shard_iterator_type(ShardIteratorType::Latest)
+        .send()
+        .await?
+        .shard_iterator()
+        .map(str::to_owned)
+        .context("an iterator")?;
+    let calls = 200;
+    let mut before = own_cpu();
+    for call in 0..calls + 20 {
+        if call == 20 {
+            before = own_cpu();
+        }
+        let page = client
+            .get_records()
+            .shard_iterator(&iterator)
+            .send()
+            .await?;
+        if !page.records().is_empty() {
+            bail!("the empty stream has records");
+        }
+        iterator = page
+            .next_shard_iterator()
+            .map(str::to_owned)
+            .context("an open shard has a next iterator")?;
+    }
+    Ok((own_cpu() - before) / calls)
+}
+
+/// This process's user + system CPU time so far.
+fn own_cpu() -> Duration {
+    // SAFETY: getrusage writes into the struct it is given; a zeroed
+    // `rusage` is a valid value of it.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// The host binary and what every run of it shares.
+struct HostRun<'a> {
+    bin: &'a Path,
+    endpoint: String,
+    cache: PathBuf,
+    /// `SHARDLANE_BENCH_EXTRA`.
+    extra: String,
+}
+
+impl HostRun<'_> {
+    fn config(&self, mode: &Mode, stream: &str, admin: &str) -> String {
+        format!(
+            r#"
+[aws]
+region = "us-east-1"
+
+[engine]
+cache_dir = "{cache}"
+
+[admin]
+listen = "{admin}"
+
+[lease]
+store = "memory"
+
+[[subscription]]
+name = "bench"
+stream = "{stream}"
+plugin = "{plugin}"
+start = "trim_horizon"
+{extra}
+{more}
+"#,
+            cache = self.cache.display(),
+            plugin = mode.plugin.display(),
+            extra = mode.extra,
+            more = self.extra,
+        )
+    }
+
+    fn start(&self, mode: &Mode, stream: &str) -> anyhow::Result<(HostProcess, String)> {
+        let admin = format!("127.0.0.1:{}", free_port());
+        let host = HostProcess::start_with(
+            self.bin,
+            &self.config(mode, stream, &admin),
+            &[
+                ("AWS_ENDPOINT_URL_KINESIS", self.endpoint.as_str()),
+                ("RUST_LOG", "info"),
+            ],
+        )?;
+        Ok((host, admin))
+    }
+
+    /// Starts `mode` on the empty stream; its CPU and wall time until
+    /// `/readyz` answers 200, then stops it.
+    async fn startup(&self, mode: &Mode) -> anyhow::Result<(Duration, Duration)> {
+        let started = Instant::now();
+        let (mut host, admin) = self.start(mode, EMPTY)?;
+        wait_ready(&mut host, &admin).await?;
+        let cpu = process_cpu(host.pid())?;
+        let wall = started.elapsed();
+        host.terminate().await?;
+        Ok((cpu, wall))
+    }
+
+    /// One measured run of `mode` over the input stream.
+    async fn measure(&self, mode: &Mode, records: usize) -> anyhow::Result<Measured> {
+        let (startup_cpu, startup_wall) = self.startup(mode).await?;
+        let started = Instant::now();
+        let stream = if mode.outputs { SMALL_INPUT } else { INPUT };
+        let (mut host, admin) = self.start(mode, stream)?;
+        let deadline = started + Duration::from_secs(600);
+        let page = loop {
+            host.check_running()?;
+            if let Ok(page) = metrics(&admin) {
+                let done = if mode.outputs {
+                    metric_sum(&page, "shardlane_outputs_total", &[])
+                } else {
+                    metric_sum(&page, "shardlane_records_total", &["outcome=\"ack\""])
+                };
+                if done >= records as f64 {
+                    break page;
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("{}: not done within 600 s", mode.name);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let cpu = process_cpu(host.pid())?;
+        let wall = started.elapsed();
+        let rss_kb = process_rss_kb(host.pid());
+        host.terminate().await?;
+        let per_put = mode.outputs.then(|| {
+            metric_sum(&page, "shardlane_output_put_size_sum", &[])
+                / metric_sum(&page, "shardlane_output_put_size_count", &[]).max(1.0)
+        });
+        Ok(Measured {
+            cpu: cpu.saturating_sub(startup_cpu),
+            wall: wall.saturating_sub(startup_wall),
+            per_put,
+            rss_kb,
+        })
+    }
+
+    /// CPU-s per second of `mode` on the empty stream, once ready.
+    async fn idle(&self, mode: &Mode, over: Duration) -> anyhow::Result<f64> {
+        let (mut host, admin) = self.start(mode, EMPTY)?;
+        wait_ready(&mut host, &admin).await?;
+        // Past start-up's tail (first renewals, first syncs).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before = process_cpu(host.pid())?;
+        tokio::time::sleep(over).await;
+        let after = process_cpu(host.pid())?;
+        host.terminate().await?;
+        Ok((after - before).as_secs_f64() / over.as_secs_f64())
+    }
+}
+
+fn metrics(admin: &str) -> anyhow::Result<String> {
+    // The admin server may not listen yet: connect first, then ask.
+    std::net::TcpStream::connect(admin)?;
+    let (status, body) = http(admin, "GET", "/metrics", None, b"");
+    if status != 200 {
+        bail!("/metrics answered {status}");
+    }
+    Ok(body)
+}
+
+async fn wait_ready(host: &mut HostProcess, admin: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if std::net::TcpStream::connect(admin).is_ok()
+            && http(admin, "GET", "/readyz", None, b"").0 == 200
+        {
+            return Ok(());
+        }
+        host.check_running()?;
+        if Instant::now() > deadline {
+            bail!("the host was not ready within 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// utime + stime of process `pid`, from `/proc/<pid>/stat`.
+fn process_cpu(pid: u32) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // The command name may hold spaces: fields count from after its ')'.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("a /proc stat line without ')'")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); the state (field 3) is fields[0] here.
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Ok(Duration::from_secs_f64(ticks as f64 / per_second as f64))
+}
+
+/// Resident memory of process `pid` in kB (`VmRSS`).
+fn process_rss_kb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
