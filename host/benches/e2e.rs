@@ -8,7 +8,9 @@
 //! (default 10,000), `SHARDLANE_BENCH_IDLE_SECS` (default 20),
 //! `SHARDLANE_BENCH_MODES` (a comma-separated subset of the mode names, as
 //! printed), `SHARDLANE_BENCH_EXTRA` (lines added to every subscription,
-//! for experiments). Prints a table; BENCHMARKS.md records it.
+//! for experiments), `SHARDLANE_BENCH_COMPARE_RUST_LOG` (each mode is
+//! also measured with the host's `RUST_LOG` set to this, in the same run:
+//! a before/after of the log filter without a second pre-put). Prints a table; BENCHMARKS.md records it.
 //!
 //! # What it does
 //! 1. Starts `kinesis-local` (the test harness's), builds the no-op guests,
@@ -22,7 +24,8 @@
 //!    loop (nothing else runs in it meanwhile; the emulator is another
 //!    process).
 //! 3. **(b) the host**, per mode: `shardlane run` (memory store, default
-//!    settings, `start = "trim_horizon"`, JSON logs at `info`) with a no-op
+//!    settings, `start = "trim_horizon"`, JSON logs with the binary's own
+//!    filter unless `RUST_LOG` is set) with a no-op
 //!    Rust guest; done when `/metrics` counts N acked records (or N
 //!    outputs put, for the outputs mode). CPU is the process's utime +
 //!    stime from `/proc/<pid>/stat` at that moment, less its start-up cost:
@@ -154,7 +157,14 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
         endpoint: kinesis.endpoint().to_owned(),
         cache: cache.path().to_owned(),
         extra: std::env::var("SHARDLANE_BENCH_EXTRA").unwrap_or_default(),
+        rust_log: std::env::var("RUST_LOG").ok(),
     };
+    let compare = std::env::var("SHARDLANE_BENCH_COMPARE_RUST_LOG")
+        .ok()
+        .map(|filter| HostRun {
+            rust_log: Some(filter),
+            ..host.clone()
+        });
     // Compiles each plugin into the cache, so start-ups compare alike.
     for mode in &modes {
         host.startup(mode).await?;
@@ -172,20 +182,26 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
 
     let mut rows = Vec::new();
     for mode in &modes {
-        println!("(b) host, {} …", mode.name);
         let n = if mode.outputs {
             output_records
         } else {
             records
         };
-        let measured = host.measure(mode, n).await?;
-        println!(
-            "    {:.3} CPU-s, {:.2} µs/record, {:.2} s wall",
-            measured.cpu.as_secs_f64(),
-            per_record_us(measured.cpu, n),
-            measured.wall.as_secs_f64()
-        );
-        rows.push((mode, n, measured));
+        for run in compare.iter().chain([&host]) {
+            let name = match &run.rust_log {
+                Some(filter) if compare.is_some() => format!("{}, RUST_LOG={filter}", mode.name),
+                _ => mode.name.to_owned(),
+            };
+            println!("(b) host, {name} …");
+            let measured = run.measure(mode, n).await?;
+            println!(
+                "    {:.3} CPU-s, {:.2} µs/record, {:.2} s wall",
+                measured.cpu.as_secs_f64(),
+                per_record_us(measured.cpu, n),
+                measured.wall.as_secs_f64()
+            );
+            rows.push((name, n, measured));
+        }
     }
 
     println!("(c) idle, {SHARDS} shards, {idle_secs} s …");
@@ -212,10 +228,9 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
         floor.wall.as_secs_f64(),
         records as f64 / floor.wall.as_secs_f64()
     );
-    for (mode, n, m) in &rows {
+    for (name, n, m) in &rows {
         println!(
-            "| (b) host, {} | {:.3} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} |",
-            mode.name,
+            "| (b) host, {name} | {:.3} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} |",
             m.cpu.as_secs_f64(),
             per_record_us(m.cpu, *n),
             per_record_us(m.cpu, *n) / per_record_us(floor.cpu, records),
@@ -350,8 +365,9 @@ async fn sdk_floor(kinesis: &Kinesis, records: usize) -> anyhow::Result<Measured
     })
 }
 
-/// The CPU one empty GetRecords costs the bare SDK: 200 calls on a shard
-/// of the empty stream, after 20 to warm up.
+/// The CPU one empty GetRecords costs the bare SDK: 200 calls
+/// (`SHARDLANE_BENCH_EMPTY_POLLS`) on a shard of the empty stream, after 20
+/// to warm up.
 async fn sdk_empty_poll(kinesis: &Kinesis) -> anyhow::Result<Duration> {
     let client = kinesis.client();
     let shards = client.list_shards().stream_name(EMPTY).send().await?;
@@ -369,7 +385,8 @@ async fn sdk_empty_poll(kinesis: &Kinesis) -> anyhow::Result<Duration> {
         .shard_iterator()
         .map(str::to_owned)
         .context("an iterator")?;
-    let calls = 200;
+    // More for a profile of the SDK's per-call cost.
+    let calls: u32 = env_or("SHARDLANE_BENCH_EMPTY_POLLS", 200)?;
     let mut before = own_cpu();
     for call in 0..calls + 20 {
         if call == 20 {
@@ -407,12 +424,15 @@ fn own_cpu() -> Duration {
 }
 
 /// The host binary and what every run of it shares.
+#[derive(Clone)]
 struct HostRun<'a> {
     bin: &'a Path,
     endpoint: String,
     cache: PathBuf,
     /// `SHARDLANE_BENCH_EXTRA`.
     extra: String,
+    /// The host's `RUST_LOG`; `None`: its own default filter.
+    rust_log: Option<String>,
 }
 
 impl HostRun<'_> {
@@ -448,14 +468,12 @@ start = "trim_horizon"
 
     fn start(&self, mode: &Mode, stream: &str) -> anyhow::Result<(HostProcess, String)> {
         let admin = format!("127.0.0.1:{}", free_port());
-        let host = HostProcess::start_with(
-            self.bin,
-            &self.config(mode, stream, &admin),
-            &[
-                ("AWS_ENDPOINT_URL_KINESIS", self.endpoint.as_str()),
-                ("RUST_LOG", "info"),
-            ],
-        )?;
+        let mut env = vec![("AWS_ENDPOINT_URL_KINESIS", self.endpoint.as_str())];
+        if let Some(filter) = &self.rust_log {
+            env.push(("RUST_LOG", filter.as_str()));
+        }
+        let host =
+            HostProcess::start_as_deployed(self.bin, &self.config(mode, stream, &admin), &env)?;
         Ok((host, admin))
     }
 
@@ -477,6 +495,8 @@ start = "trim_horizon"
         let started = Instant::now();
         let stream = if mode.outputs { SMALL_INPUT } else { INPUT };
         let (mut host, admin) = self.start(mode, stream)?;
+        // For `perf report --pid` over a system-wide recording.
+        println!("    host pid {}", host.pid());
         let deadline = started + Duration::from_secs(600);
         let page = loop {
             host.check_running()?;

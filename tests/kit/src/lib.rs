@@ -694,17 +694,46 @@ impl HostProcess {
     /// # Errors
     /// When the process cannot start.
     pub fn start_with(bin: &Path, config: &str, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Self::spawn(bin, config, env, true)
+    }
+
+    /// Like [`HostProcess::start_with`], but with the binary's own log
+    /// filter (no `RUST_LOG`): what a user's deployment runs, for
+    /// benchmarks.
+    ///
+    /// # Errors
+    /// When the process cannot start.
+    pub fn start_as_deployed(
+        bin: &Path,
+        config: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        Self::spawn(bin, config, env, false)
+    }
+
+    fn spawn(
+        bin: &Path,
+        config: &str,
+        env: &[(&str, &str)],
+        test_log_filter: bool,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let config_path = dir.path().join("shardlane.toml");
         std::fs::write(&config_path, config)?;
-        let mut child = Command::new(bin)
+        let mut command = Command::new(bin);
+        command
             .args(["run", "--log-format", "json", "--config"])
             .arg(&config_path)
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", "us-east-1")
+            .env("AWS_REGION", "us-east-1");
+        if test_log_filter {
             // Checkpoint writes are debug events; tests assert on them.
-            .env("RUST_LOG", "info,shardlane::lease=debug")
+            command.env("RUST_LOG", "info,shardlane::lease=debug");
+        } else {
+            command.env_remove("RUST_LOG");
+        }
+        let mut child = command
             // After the defaults: a caller's `env` wins.
             .envs(env.iter().copied())
             .stdin(Stdio::null())
