@@ -78,11 +78,16 @@ pub struct Config {
 }
 
 /// The operations HTTP server (health, readiness, metrics, status page,
-/// admin API).
+/// admin API), on one listener or two.
 #[derive(Debug, Clone)]
 pub struct AdminConfig {
-    /// Where it listens; `None`: off.
+    /// Where it listens (`[admin] listen`); `None`: off. With
+    /// `metrics_listen` set, only the write endpoints are served here.
     pub listen: Option<std::net::SocketAddr>,
+    /// Where the read-only endpoints (health, readiness, metrics, status
+    /// page) listen apart from the writes (`[metrics] listen`), so either
+    /// can be exposed alone; `None`: on `listen`, with the writes.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// The bearer token write endpoints require; `None`: writes are off.
     pub token: Option<String>,
 }
@@ -425,8 +430,10 @@ pub mod defaults {
     pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(30);
     /// Time given to in-flight records on shutdown.
     pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
-    /// Lambda's default window: a batch waits at most this long for more
-    /// records after its first.
+    /// A batch waits at most this long for more records after its first.
+    /// (Not Lambda's default: Lambda's batching window defaults to 0 and
+    /// passes what one read returned; 50 ms fills batches across reads of
+    /// several shards for a small latency.)
     pub const BATCH_WINDOW: Duration = Duration::from_millis(50);
     /// Most lanes a subscription may run: each owns a Wasm instance.
     pub const MAX_WORKERS: i64 = 256;

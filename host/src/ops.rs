@@ -17,7 +17,15 @@
 //! subscription, 409 for promote/rollback without a canary, 422 for a
 //! component that cannot be used (the running versions stay).
 //!
-//! It listens on loopback by default (`[admin] listen`). Write endpoints
+//! # Listeners
+//! Everything is served on `[admin] listen` (loopback by default). With
+//! `[metrics] listen` set, the read-only routes (health, readiness,
+//! metrics, status page) move there and `[admin] listen` serves only the
+//! write routes, so a scraper or a load balancer's probes can be given one
+//! without the other: each listener answers 404 to the other's routes.
+//!
+//! # Writes
+//! Write endpoints
 //! need `Authorization: Bearer <token>` with the token from `[admin] token`
 //! or `SHARDLANE_ADMIN_TOKEN`; with no token configured they are off (403),
 //! and a missing or wrong token gets 401. Neither changes anything. The
@@ -82,10 +90,35 @@ pub(crate) struct OpsState {
     pub token: Option<String>,
 }
 
-/// Serves until `shutdown`, within the [limits](self#limits).
+/// Which routes a listener serves (see [Listeners](self#listeners)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Routes {
+    /// Every route: one listener.
+    All,
+    /// Health, readiness, metrics and the status page.
+    Read,
+    /// The admin API's writes.
+    Write,
+}
+
+impl Routes {
+    /// The routes, as the start-up log line lists them.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Routes::All => {
+                "/healthz /readyz /metrics / (status page), writes under /subscriptions/"
+            }
+            Routes::Read => "/healthz /readyz /metrics / (status page)",
+            Routes::Write => "writes under /subscriptions/",
+        }
+    }
+}
+
+/// Serves `routes` until `shutdown`, within the [limits](self#limits).
 pub(crate) async fn serve(
     listener: TcpListener,
     state: Arc<OpsState>,
+    routes: Routes,
     shutdown: CancellationToken,
 ) {
     // Shared by the connections; a std Mutex, held only for one `note`
@@ -137,7 +170,7 @@ pub(crate) async fn serve(
             let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let (state, refusals) = (state.clone(), refusals.clone());
-                async move { Ok::<_, Infallible>(route(&state, &refusals, req).await) }
+                async move { Ok::<_, Infallible>(route(&state, &refusals, routes, req).await) }
             });
             let connection = http.serve_connection(TokioIo::new(stream), service);
             match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
@@ -170,10 +203,18 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
 async fn route(
     state: &OpsState,
     refusals: &Mutex<LogGate>,
+    routes: Routes,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
+    let writes = path.starts_with("/subscriptions/");
+    match (routes, writes) {
+        (Routes::Read, true) | (Routes::Write, false) => {
+            return text(StatusCode::NOT_FOUND, "not found\n");
+        }
+        _ => {}
+    }
     match (&method, path.as_str()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {

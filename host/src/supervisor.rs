@@ -27,7 +27,7 @@ use crate::lease::LeaseStore;
 use crate::lease::dynamodb::DynamoDbLeaseStore;
 use crate::lease::file::FileLeaseStore;
 use crate::lease::memory::MemoryLeaseStore;
-use crate::ops::{self, OpsState};
+use crate::ops::{self, OpsState, Routes};
 use crate::pipeline::{Parts, Pipeline};
 use crate::plugin::{CompileCache, Plugin, PluginHost, World};
 use crate::swap::PluginSlot;
@@ -227,21 +227,33 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         }));
     }
     let ops_stop = CancellationToken::new();
-    let ops = match config.admin.listen {
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("admin.listen: cannot listen on {addr}"))?;
-            tracing::info!(addr = %listener.local_addr()?, writes = config.admin.token.is_some(), "admin listening: /healthz /readyz /metrics / (status page)");
-            let state = Arc::new(OpsState {
-                telemetry: telemetry.clone(),
-                slots,
-                token: config.admin.token.clone(),
-            });
-            Some(tokio::spawn(ops::serve(listener, state, ops_stop.clone())))
-        }
-        None => None,
+    let state = Arc::new(OpsState {
+        telemetry: telemetry.clone(),
+        slots,
+        token: config.admin.token.clone(),
+    });
+    let listeners = match config.admin.metrics_listen {
+        None => vec![("admin", "admin.listen", config.admin.listen, Routes::All)],
+        Some(metrics) => vec![
+            ("metrics", "metrics.listen", Some(metrics), Routes::Read),
+            ("admin", "admin.listen", config.admin.listen, Routes::Write),
+        ],
     };
+    let mut servers = Vec::new();
+    for (name, key, addr, routes) in listeners {
+        let Some(addr) = addr else { continue };
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("{key}: cannot listen on {addr}"))?;
+        let writes = routes != Routes::Read && config.admin.token.is_some();
+        tracing::info!(addr = %listener.local_addr()?, writes, "{name} listening: {}", routes.describe());
+        servers.push(tokio::spawn(ops::serve(
+            listener,
+            state.clone(),
+            routes,
+            ops_stop.clone(),
+        )));
+    }
 
     shutdown.await;
     tracing::info!("shutting down: stopping readers, draining in-flight records");
@@ -254,8 +266,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         failed |= !stopped.unwrap_or(false);
     }
     ops_stop.cancel();
-    if let Some(ops) = ops {
-        let _ = ops.await;
+    for server in servers {
+        let _ = server.await;
     }
     tracing::info!("shardlane stopped");
     anyhow::ensure!(!failed, "a pipeline task failed during the run");

@@ -337,3 +337,63 @@ async fn the_descriptor_limit_does_not_flood_the_log_and_healthz_comes_back() {
         lines[0]
     );
 }
+
+/// Catches: a metrics listener that also takes writes (exposing `/metrics`
+/// to a scraper would expose swaps), or an admin listener that still
+/// serves the read routes once they have a listener of their own.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_and_admin_listen_apart_each_with_its_own_routes() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let stream = unique_name("listeners");
+    kinesis.create_stream(&stream, 1).await.unwrap();
+    let metrics_addr = format!("127.0.0.1:{}", shardlane_testkit::free_port());
+    let cfg = config("apart", &stream, &guests.echo, "").replace(
+        "[admin]\nlisten = \"127.0.0.1:0\"",
+        &format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\n[metrics]\nlisten = \"{metrics_addr}\""
+        ),
+    );
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    host.wait_for("both listeners", Duration::from_secs(60), |lines| {
+        ["admin listening", "metrics listening"]
+            .iter()
+            .all(|m| lines.iter().any(|l| field(l, "message").starts_with(m)))
+    })
+    .await
+    .unwrap();
+    let admin_addr = host
+        .lines()
+        .iter()
+        .find(|l| field(l, "message").starts_with("admin listening"))
+        .map(|l| field(l, "addr").to_owned())
+        .unwrap();
+
+    for path in ["/healthz", "/metrics", "/"] {
+        assert_eq!(
+            request(&metrics_addr, "GET", path, None).await.0,
+            200,
+            "{path} on metrics"
+        );
+        assert_eq!(
+            request(&admin_addr, "GET", path, None).await.0,
+            404,
+            "{path} on admin"
+        );
+    }
+    let (status, body) = request(&metrics_addr, "GET", "/metrics", None).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("shardlane_"), "{body}");
+    // A write reaches the admin API on its listener only: with the token,
+    // a promote without a canary is 409 there and 404 on metrics.
+    let promote = "/subscriptions/apart/canary/promote";
+    assert_eq!(
+        request(&metrics_addr, "POST", promote, Some(TOKEN)).await.0,
+        404
+    );
+    assert_eq!(
+        request(&admin_addr, "POST", promote, Some(TOKEN)).await.0,
+        409
+    );
+    host.terminate().await.unwrap();
+}

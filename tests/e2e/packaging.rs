@@ -214,7 +214,8 @@ fn pascal(snake: &str) -> String {
 /// its ConfigMap's config passes `shardlane validate` (plugin and cache
 /// paths pointed at a built plugin and a temporary folder), the grace
 /// period outlasts that config's `shutdown_timeout`, the probes hit
-/// `/healthz` and `/readyz` on the admin port, pods carry scrape
+/// `/healthz` and `/readyz` on the metrics listener (the writes on the
+/// pod's loopback), pods carry scrape
 /// annotations and run as the service account that names the IAM role.
 /// Not validated here: that a cluster admits it (no API server) and the
 /// images (no registry).
@@ -302,7 +303,24 @@ fn the_kubernetes_manifests_validate() {
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(container["ports"][0]["containerPort"], 9090);
-    assert!(config.contains("listen = \"0.0.0.0:9090\""));
+    let listen_of = |table: &str| {
+        config
+            .split(&format!("[{table}]\n"))
+            .nth(1)
+            .and_then(|rest| rest.lines().find_map(|l| l.strip_prefix("listen = ")))
+            .unwrap_or_else(|| panic!("[{table}] listen in the config"))
+            .trim_matches('"')
+            .to_owned()
+    };
+    assert_eq!(
+        listen_of("metrics"),
+        "0.0.0.0:9090",
+        "probes and scrapes on the metrics listener"
+    );
+    assert!(
+        listen_of("admin").starts_with("127.0.0.1:"),
+        "writes on the pod's loopback"
+    );
     let annotations = &pod["metadata"]["annotations"];
     assert_eq!(annotations["prometheus.io/scrape"], "true");
     assert_eq!(annotations["prometheus.io/port"], "9090");

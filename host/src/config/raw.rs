@@ -16,6 +16,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) admin: RawAdmin,
     #[serde(default)]
+    pub(super) metrics: RawMetrics,
+    #[serde(default)]
     pub(super) engine: RawEngine,
     #[serde(default)]
     pub(super) lease: RawLease,
@@ -40,6 +42,12 @@ pub(super) struct RawAws {
 pub(super) struct RawEngine {
     pub(super) cache_dir: Option<String>,
     pub(super) max_core_instances: Option<i64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMetrics {
+    pub(super) listen: Option<String>,
 }
 
 #[derive(Deserialize, Default)]

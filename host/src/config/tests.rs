@@ -189,6 +189,33 @@ fn canary() {
 }
 
 #[test]
+fn metrics_listen_apart_from_admin() {
+    let config = parse(MINIMAL).unwrap();
+    assert_eq!(config.admin.metrics_listen, None, "one listener by default");
+    let with = |text: &str| parse(&format!("{text}\n{MINIMAL}"));
+    let config = with("[metrics]\nlisten = \"0.0.0.0:9100\"").unwrap();
+    assert_eq!(
+        config.admin.metrics_listen,
+        Some("0.0.0.0:9100".parse().unwrap())
+    );
+    let err = with("[metrics]\nlisten = \"9100\"").unwrap_err();
+    assert!(err.contains("metrics.listen"), "{err}");
+    let err = with("[admin]\nlisten = \"127.0.0.1:9090\"\n[metrics]\nlisten = \"127.0.0.1:9090\"")
+        .unwrap_err();
+    assert!(
+        err.contains("metrics.listen") && err.contains("admin.listen too"),
+        "{err}"
+    );
+    assert_eq!(
+        with("[metrics]\nlisten = \"off\"")
+            .unwrap()
+            .admin
+            .metrics_listen,
+        None
+    );
+}
+
+#[test]
 fn engine_pool_size() {
     assert_eq!(
         parse(MINIMAL).unwrap().max_core_instances,

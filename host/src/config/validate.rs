@@ -8,10 +8,11 @@
 //! first bad key stops validation.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::raw::{RawAdmin, RawAws, RawConfig, RawEngine, RawLease, RawSubscription};
+use super::raw::{RawAdmin, RawAws, RawConfig, RawEngine, RawLease, RawMetrics, RawSubscription};
 use super::{
     AdminConfig, AwsConfig, AwsTimeouts, Config, ConfigError, LeaseBackend, LeaseConfig,
     LeaseStoreKind, SubscriptionConfig, default_cache_dir, defaults, parse_size,
@@ -42,7 +43,7 @@ impl Validator<'_> {
     pub(super) fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
         let lease = self.lease(&raw.lease)?;
         let subscriptions = self.subscriptions(raw.subscriptions)?;
-        let admin = self.admin(raw.admin)?;
+        let admin = self.admin(raw.admin, raw.metrics)?;
         let (compile_cache, max_core_instances) = self.engine(&raw.engine)?;
         let aws = self.aws(raw.aws)?;
         Ok(Config {
@@ -227,21 +228,46 @@ impl Validator<'_> {
 
     // ---- [admin], [engine], [aws]
 
-    fn admin(&self, raw: RawAdmin) -> Result<AdminConfig, ConfigError> {
-        let listen = match raw.listen.as_deref().unwrap_or(defaults::ADMIN_LISTEN) {
-            "off" => None,
-            addr => Some(addr.parse().map_err(|e| {
-                self.invalid(
-                    "admin.listen",
-                    format!("{addr:?} is not an address like \"127.0.0.1:9090\" or \"off\" ({e})"),
-                )
-            })?),
+    fn admin(&self, raw: RawAdmin, metrics: RawMetrics) -> Result<AdminConfig, ConfigError> {
+        let listen = self.listen(
+            "admin.listen",
+            raw.listen.as_deref().unwrap_or(defaults::ADMIN_LISTEN),
+        )?;
+        let metrics_listen = match metrics.listen.as_deref() {
+            None => None,
+            Some(addr) => self.listen("metrics.listen", addr)?,
         };
+        if let (Some(admin), Some(metrics)) = (listen, metrics_listen)
+            && admin == metrics
+            && admin.port() != 0
+        {
+            return Err(self.invalid(
+                "metrics.listen",
+                format!("{metrics} is admin.listen too: give each its own port, or leave metrics.listen out to serve both on one"),
+            ));
+        }
         let token = raw
             .token
             .or_else(|| std::env::var("SHARDLANE_ADMIN_TOKEN").ok())
             .filter(|t| !t.trim().is_empty());
-        Ok(AdminConfig { listen, token })
+        Ok(AdminConfig {
+            listen,
+            metrics_listen,
+            token,
+        })
+    }
+
+    /// A listen address, or `"off"`.
+    fn listen(&self, key: &str, addr: &str) -> Result<Option<SocketAddr>, ConfigError> {
+        match addr {
+            "off" => Ok(None),
+            addr => addr.parse().map(Some).map_err(|e| {
+                self.invalid(
+                    key,
+                    format!("{addr:?} is not an address like \"127.0.0.1:9090\" or \"off\" ({e})"),
+                )
+            }),
+        }
     }
 
     fn engine(&self, raw: &RawEngine) -> Result<Engine, ConfigError> {
