@@ -6,7 +6,8 @@
 # What it installs, each only when missing:
 #   - the wasm32-wasip2 Rust target (every guest);
 #   - Debian's chromium (status-page test), clang-19, lld-19,
-#     libclang-rt-19-dev-wasm32 and wasi-libc (C guests), with apt-get
+#     libclang-rt-19-dev-wasm32 and wasi-libc (C guests), podman, buildah
+#     and runc (the container image test), with apt-get
 #     (as root, or through sudo);
 #   - the npm emulators pinned in tests/emulators/package-lock.json;
 #   - the Python test tools pinned in tests/tools/requirements.txt (a venv);
@@ -19,8 +20,8 @@ cd "$(dirname "$0")/.."
 echo "--- toolchain: wasm32-wasip2 target"
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 
-echo "--- Debian packages: headless Chromium (status page test), clang/lld 19 + wasi-libc (C guests)"
-packages=(chromium clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc)
+echo "--- Debian packages: headless Chromium (status page test), clang/lld 19 + wasi-libc (C guests), podman/buildah/runc (container image test)"
+packages=(chromium clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc podman buildah runc)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

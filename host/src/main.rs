@@ -1,6 +1,7 @@
 //! The `shardlane` binary: `run` the service from a config file, `validate`
-//! a config, `check` a plugin, print shell `completions` or the `man` page.
-//! Errors print as one line and exit non-zero.
+//! a config, `check` a plugin, probe a running host's `healthcheck` (for
+//! container images without curl), print shell `completions` or the `man`
+//! page. Errors print as one line and exit non-zero.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,6 +53,16 @@ enum Command {
     },
     /// Print the manual page (roff; `shardlane man > shardlane.1`).
     Man,
+    /// Ask a running host's health endpoint; exit 0 on 200 (a container
+    /// HEALTHCHECK without curl in the image).
+    Healthcheck {
+        /// The metrics (or admin) listener's address.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        addr: String,
+        /// `/healthz` (alive) or `/readyz` (reading).
+        #[arg(long, default_value = "/healthz")]
+        path: String,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -74,6 +85,7 @@ fn main() -> ExitCode {
         Command::Man => clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
             .render(&mut std::io::stdout())
             .context("cannot write the manual page"),
+        Command::Healthcheck { addr, path } => healthcheck(&addr, &path),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -82,6 +94,38 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// One `GET` over a plain socket, 3 s at most: the status line is all
+/// that matters, so no HTTP client is needed.
+fn healthcheck(addr: &str, path: &str) -> anyhow::Result<()> {
+    use std::io::{Read as _, Write as _};
+    use std::net::ToSocketAddrs as _;
+    let timeout = std::time::Duration::from_secs(3);
+    let target = addr
+        .to_socket_addrs()
+        .with_context(|| format!("--addr {addr}: not an address"))?
+        .next()
+        .with_context(|| format!("--addr {addr}: resolves to nothing"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&target, timeout)
+        .with_context(|| format!("{addr}: cannot connect"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .with_context(|| format!("{addr}: cannot send"))?;
+    let mut head = [0u8; 12];
+    stream
+        .read_exact(&mut head)
+        .with_context(|| format!("{addr}{path}: no answer"))?;
+    let status = String::from_utf8_lossy(&head[9..12]).into_owned();
+    if status != "200" {
+        anyhow::bail!("{addr}{path}: answered {status}");
+    }
+    println!("{addr}{path}: 200");
+    Ok(())
 }
 
 fn check(path: PathBuf) -> anyhow::Result<()> {

@@ -11,6 +11,7 @@ mod check;
 mod common;
 mod config;
 mod conformance;
+mod container;
 mod examples;
 mod failures;
 mod faults;
