@@ -12,7 +12,7 @@ use shardlane_testkit::{HostProcess, Kinesis, LogLine, guests, unique_name};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::{config, field, shardlane_bin};
+use crate::common::{admin_addr, config, field, shardlane_bin};
 
 /// The admin token of [`start`]'s host.
 const TOKEN: &str = "s3cret";
@@ -36,12 +36,7 @@ async fn start(name: &str) -> (Kinesis, HostProcess, String) {
     })
     .await
     .unwrap();
-    let addr = host
-        .lines()
-        .iter()
-        .find(|l| field(l, "message").starts_with("admin listening"))
-        .map(|l| field(l, "addr").to_owned())
-        .unwrap();
+    let addr = admin_addr(&host);
     (kinesis, host, addr)
 }
 
@@ -362,12 +357,7 @@ async fn metrics_and_admin_listen_apart_each_with_its_own_routes() {
     })
     .await
     .unwrap();
-    let admin_addr = host
-        .lines()
-        .iter()
-        .find(|l| field(l, "message").starts_with("admin listening"))
-        .map(|l| field(l, "addr").to_owned())
-        .unwrap();
+    let admin_addr = admin_addr(&host);
 
     for path in ["/healthz", "/metrics", "/"] {
         assert_eq!(
