@@ -25,7 +25,9 @@ use shardlane::config::{
     BatchConfig, DispatchMode, FailurePolicy, Grants, OnFailure, SandboxConfig, StartPosition,
     SubscriptionConfig, defaults,
 };
-use shardlane::ids::{LaneId, PartitionKey, SequenceNumber, SessionId, ShardId, StreamName};
+use shardlane::ids::{
+    LaneId, PartitionKey, Position, SequenceNumber, SessionId, ShardId, StreamName,
+};
 use shardlane::plugin::PluginHost;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -296,6 +298,7 @@ fn records(count: usize) -> Vec<Arc<Record>> {
                     i
                 ))
                 .unwrap(),
+                sub_sequence: None,
                 arrival_ms: 1_764_633_600_000,
                 data: vec![b'x'; PAYLOAD],
             })
@@ -388,7 +391,10 @@ async fn run_with<F: HandlerFactory>(
                 .send(SettlementMsg::Track {
                     shard: shard.clone(),
                     session: SessionId(1),
-                    sequences: chunk.iter().map(|r| r.sequence.clone()).collect(),
+                    positions: chunk
+                        .iter()
+                        .map(|r| Position::whole(r.sequence.clone()))
+                        .collect(),
                 })
                 .await
                 .unwrap();
@@ -576,6 +582,7 @@ fn languages(runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
                 shard: base.shard.clone(),
                 partition_key: base.partition_key.clone(),
                 sequence: base.sequence.clone(),
+                sub_sequence: None,
                 arrival_ms: base.arrival_ms,
                 data: format!("{{\"amount\": {i}}}").into_bytes(),
             });
@@ -659,6 +666,7 @@ fn recycle_cost(
         shard: base.shard.clone(),
         partition_key: base.partition_key.clone(),
         sequence: base.sequence.clone(),
+        sub_sequence: None,
         arrival_ms: base.arrival_ms,
         data: b"trap".to_vec(),
     });

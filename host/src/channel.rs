@@ -23,7 +23,8 @@ use crate::settlement::Ticket;
 /// what is handled.
 pub const CHANNEL_CAPACITY: usize = 64;
 
-/// One record as read from Kinesis. Immutable and shared: a redelivery hands
+/// One record as read from Kinesis (or one user record of a KPL
+/// aggregate, with its own partition key). Immutable and shared: a redelivery hands
 /// out the same `Arc`, never a copy of the data.
 #[derive(Debug)]
 pub struct Record {
@@ -33,8 +34,11 @@ pub struct Record {
     pub shard: ShardId,
     /// The producer's partition key.
     pub partition_key: PartitionKey,
-    /// Its sequence number within the shard.
+    /// Its sequence number within the shard (a KPL aggregate's, for a
+    /// user record taken out of one).
     pub sequence: SequenceNumber,
+    /// For a user record of a KPL aggregate: its index in the aggregate.
+    pub sub_sequence: Option<u32>,
     /// When Kinesis accepted it, in ms since the Unix epoch.
     pub arrival_ms: u64,
     /// The payload.

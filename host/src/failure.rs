@@ -30,8 +30,8 @@
 //!   "failed_at": 1764633600123,
 //!   "source": {
 //!     "stream": "orders", "shard_id": "shardId-000000000001",
-//!     "sequence_number": "4968…", "partition_key": "customer-7",
-//!     "approximate_arrival": 1764633599000
+//!     "sequence_number": "4968…", "sub_sequence_number": null,
+//!     "partition_key": "customer-7", "approximate_arrival": 1764633599000
 //!   },
 //!   "data_bytes": 12,
 //!   "data_omitted": false,
@@ -39,7 +39,9 @@
 //! }
 //! ```
 //!
-//! `data_base64` is the original data, unchanged, base64-encoded (standard
+//! `sub_sequence_number` is the user record's index in its KPL aggregate
+//! (`null` for a plain record; `data_base64` is then the user record's
+//! data and `partition_key` its own key). `data_base64` is the original data, unchanged, base64-encoded (standard
 //! alphabet, padded), and `data_bytes` its length; `failed_at` and
 //! `approximate_arrival` are milliseconds since the Unix epoch. `plugin` is
 //! the digest of the version whose attempt failed last (after a swap, or
@@ -287,6 +289,7 @@ impl DeadLetters {
                 "stream": record.stream.as_str(),
                 "shard_id": record.shard.as_str(),
                 "sequence_number": record.sequence.as_str(),
+                "sub_sequence_number": record.sub_sequence,
                 "partition_key": record.partition_key.as_str(),
                 "approximate_arrival": record.arrival_ms,
             },
@@ -400,6 +403,7 @@ mod tests {
             shard: crate::ids::ShardId::new("shardId-000000000001"),
             partition_key: crate::ids::PartitionKey::new(key),
             sequence: crate::ids::SequenceNumber::parse(&"4".repeat(56)).unwrap(),
+            sub_sequence: None,
             arrival_ms: 1_764_633_599_000,
             data,
         }

@@ -3,7 +3,8 @@
 //! Every stage talks about shards, sequence numbers, partition keys and
 //! subscriptions; giving each its own type keeps a shard id from being passed
 //! where a stream name belongs, and gives [`SequenceNumber`] the one ordering
-//! that is correct for Kinesis.
+//! that is correct for Kinesis (and [`Position`] the one that also orders the
+//! user records of a KPL aggregate).
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -225,6 +226,118 @@ impl fmt::Debug for SequenceNumber {
     }
 }
 
+/// Where a record stands in its shard, down to one user record of a Kinesis
+/// Producer Library aggregate (KCL's "extended sequence number").
+///
+/// A plain Kinesis record is one position, [`Position::whole`]. An
+/// aggregate is one Kinesis record (one sequence number) that carries many
+/// user records; the user record at index `i` has position
+/// [`Position::within`]`(seq, i)`, except the last one, whose position is
+/// the whole record: once it is done, so is the aggregate. So a checkpoint
+/// at a whole position always means "read after this sequence number", and
+/// one within an aggregate means "read at this sequence number and skip the
+/// user records up to this index".
+///
+/// Ordered by sequence number, then by index, a whole record after every
+/// index of it. The stored form is the sequence number, followed by
+/// `:<index>` within an aggregate: `49590…618` or `49590…618:3`. A
+/// checkpoint written before aggregates were understood is a bare sequence
+/// number and reads as a whole position.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Position {
+    sequence: SequenceNumber,
+    sub: Option<u32>,
+}
+
+/// Why a string is not a stored [`Position`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PositionError {
+    /// The sequence-number part.
+    #[error(transparent)]
+    Sequence(#[from] SequenceNumberError),
+    /// The part after `:`.
+    #[error("the index after ':' in a position is a number from 0 to 4294967295: {0:?}")]
+    Sub(String),
+}
+
+impl Position {
+    /// The whole record at `sequence` (a plain record, or all of an
+    /// aggregate).
+    pub fn whole(sequence: SequenceNumber) -> Self {
+        Self {
+            sequence,
+            sub: None,
+        }
+    }
+
+    /// The user records `0..=sub` of the aggregate at `sequence`.
+    pub fn within(sequence: SequenceNumber, sub: u32) -> Self {
+        Self {
+            sequence,
+            sub: Some(sub),
+        }
+    }
+
+    /// The Kinesis record's sequence number.
+    pub fn sequence(&self) -> &SequenceNumber {
+        &self.sequence
+    }
+
+    /// The index of the last user record covered within an aggregate;
+    /// `None` for a whole record.
+    pub fn sub(&self) -> Option<u32> {
+        self.sub
+    }
+
+    /// Parses the stored form (type docs).
+    ///
+    /// # Errors
+    /// When the sequence number or the index is not valid.
+    pub fn parse(value: &str) -> Result<Self, PositionError> {
+        match value.split_once(':') {
+            None => Ok(Self::whole(SequenceNumber::parse(value)?)),
+            Some((seq, sub)) => {
+                let sub = sub
+                    .parse::<u32>()
+                    .map_err(|_| PositionError::Sub(sub.to_owned()))?;
+                Ok(Self::within(SequenceNumber::parse(seq)?, sub))
+            }
+        }
+    }
+}
+
+impl Ord for Position {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // `None` (the whole record) after every index: map it to one past
+        // the largest.
+        let sub = |p: &Self| p.sub.map_or(u64::from(u32::MAX) + 1, u64::from);
+        self.sequence
+            .cmp(&other.sequence)
+            .then_with(|| sub(self).cmp(&sub(other)))
+    }
+}
+
+impl PartialOrd for Position {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.sub {
+            None => write!(f, "{}", self.sequence),
+            Some(sub) => write!(f, "{}:{sub}", self.sequence),
+        }
+    }
+}
+
+impl fmt::Debug for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,6 +354,42 @@ mod tests {
         assert_eq!(fnv1a_64(b"a"), 0xaf63dc4c8601ec8c);
         assert_eq!(fnv1a_64(b"foobar"), 0x85944171f73967e8);
         assert_eq!(PartitionKey::from("foobar").fnv1a_64(), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn positions_order_user_records_before_their_whole_record() {
+        let p = |s: &str| Position::parse(s).unwrap();
+        assert!(p("5:0") < p("5:1"));
+        assert!(p("5:4294967295") < p("5"));
+        assert!(p("5") < p("6:0"));
+        assert!(p("9:7") < p("10"));
+    }
+
+    #[test]
+    fn positions_round_trip_through_their_stored_form() {
+        for s in [
+            "0",
+            "49590338271490256608559692538361571095921575989136588898",
+            "12:0",
+            "12:4294967295",
+        ] {
+            assert_eq!(Position::parse(s).unwrap().to_string(), s);
+        }
+        // Checkpoints of before: a bare sequence number is a whole record.
+        assert_eq!(Position::parse("77").unwrap(), Position::whole(seq("77")));
+        assert!(matches!(Position::parse("12:"), Err(PositionError::Sub(_))));
+        assert!(matches!(
+            Position::parse("12:-1"),
+            Err(PositionError::Sub(_))
+        ));
+        assert!(matches!(
+            Position::parse("12:4294967296"),
+            Err(PositionError::Sub(_))
+        ));
+        assert!(matches!(
+            Position::parse(":3"),
+            Err(PositionError::Sequence(_))
+        ));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType};
 
 use crate::config::{AwsConfig, StartPosition};
-use crate::ids::{PartitionKey, SequenceNumber, ShardId, StreamName};
+use crate::ids::{PartitionKey, Position, SequenceNumber, ShardId, StreamName};
 
 async fn sdk_config(aws: &AwsConfig) -> aws_config::SdkConfig {
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
@@ -110,9 +110,11 @@ where
 /// Where a reader opens a shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadFrom {
-    /// Right after this record (a checkpoint, or the last record handed
-    /// out).
-    After(SequenceNumber),
+    /// Right after this position (a checkpoint, or the last record handed
+    /// out). Within a KPL aggregate the iterator opens *at* its sequence
+    /// number and the reader skips the user records up to the position's
+    /// index.
+    After(Position),
     /// At a start position (a shard without checkpoint, or a child of a
     /// split or merge at its beginning).
     Start(StartPosition),
@@ -153,6 +155,27 @@ pub struct ShardInfo {
     pub adjacent_parent: Option<ShardId>,
     /// Closed by a split or merge: it ends, and its children follow it.
     pub closed: bool,
+    /// The hash keys it holds; `None` when ListShards did not say (KPL
+    /// user records are then not checked against it).
+    pub hash_keys: Option<HashKeyRange>,
+}
+
+/// A shard's range of 128-bit hash keys, both ends included: a record
+/// belongs to the shard whose range holds the MD5 of its partition key (or
+/// its explicit hash key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashKeyRange {
+    /// The lowest hash key.
+    pub start: u128,
+    /// The highest hash key.
+    pub end: u128,
+}
+
+impl HashKeyRange {
+    /// Whether `key` falls in the range.
+    pub fn contains(&self, key: u128) -> bool {
+        (self.start..=self.end).contains(&key)
+    }
 }
 
 impl ShardInfo {
@@ -250,6 +273,12 @@ impl Kinesis {
                         .sequence_number_range()
                         .and_then(|r| r.ending_sequence_number())
                         .is_some(),
+                    hash_keys: shard.hash_key_range().and_then(|r| {
+                        Some(HashKeyRange {
+                            start: r.starting_hash_key().parse().ok()?,
+                            end: r.ending_hash_key().parse().ok()?,
+                        })
+                    }),
                 });
             }
             match page.next_token() {
@@ -276,9 +305,14 @@ impl Kinesis {
             .stream_name(stream.as_str())
             .shard_id(shard.as_str());
         let request = match from {
-            ReadFrom::After(seq) => request
-                .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
-                .starting_sequence_number(seq.as_str()),
+            ReadFrom::After(position) => match position.sub() {
+                None => request
+                    .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+                    .starting_sequence_number(position.sequence().as_str()),
+                Some(_) => request
+                    .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
+                    .starting_sequence_number(position.sequence().as_str()),
+            },
             ReadFrom::Start(StartPosition::Latest) => {
                 request.shard_iterator_type(ShardIteratorType::Latest)
             }

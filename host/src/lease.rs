@@ -41,36 +41,40 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::ids::{OwnerId, SequenceNumber, SessionId, ShardId, StreamName, SubscriptionName};
+use crate::ids::{OwnerId, Position, SessionId, ShardId, StreamName, SubscriptionName};
 
 /// Where a shard's processing stands in the lease store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Checkpoint {
-    /// Every record up to and including this one has settled.
-    Sequence(SequenceNumber),
+    /// Every record up to and including this position has settled (a
+    /// position may end inside a KPL aggregate: see [`Position`]).
+    At(Position),
     /// The shard is closed and every record in it has settled: its children
     /// may start.
     ShardEnd,
 }
 
 impl Checkpoint {
-    /// The stored form: the sequence number, or `SHARD_END` as KCL writes it.
-    pub fn as_str(&self) -> &str {
-        match self {
-            Checkpoint::Sequence(seq) => seq.as_str(),
-            Checkpoint::ShardEnd => "SHARD_END",
-        }
-    }
-
-    /// Parses the stored form.
+    /// Parses the stored form: `SHARD_END` as KCL writes it, or a
+    /// [`Position`] (`<sequence number>` or `<sequence number>:<index>`).
     ///
     /// # Errors
-    /// When the string is neither `SHARD_END` nor a sequence number.
-    pub fn parse(value: &str) -> Result<Self, crate::ids::SequenceNumberError> {
+    /// When the string is neither.
+    pub fn parse(value: &str) -> Result<Self, crate::ids::PositionError> {
         if value == "SHARD_END" {
             Ok(Checkpoint::ShardEnd)
         } else {
-            SequenceNumber::parse(value).map(Checkpoint::Sequence)
+            Position::parse(value).map(Checkpoint::At)
+        }
+    }
+}
+
+/// The stored form (see [`Checkpoint::parse`]).
+impl fmt::Display for Checkpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Checkpoint::At(position) => fmt::Display::fmt(position, f),
+            Checkpoint::ShardEnd => f.write_str("SHARD_END"),
         }
     }
 }

@@ -62,6 +62,7 @@ mod failure;
 mod files;
 pub mod ids;
 mod kinesis;
+mod kpl;
 pub mod lease;
 pub mod logging;
 mod ops;

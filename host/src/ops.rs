@@ -72,7 +72,6 @@ use limits::{BODY_READ_TIMEOUT, CONNECTION_LIFETIME};
 pub use limits::{HEADER_READ_TIMEOUT, LOG_INTERVAL, MAX_CONNECTIONS};
 
 use crate::ids::{OwnerId, SubscriptionName};
-use crate::lease::Checkpoint;
 use crate::swap::{CanaryError, KeySlice, PluginSlot};
 use crate::telemetry::Telemetry;
 
@@ -467,7 +466,11 @@ fn status_page(state: &OpsState) -> String {
                 html,
                 "<tr class=\"shard\" data-shard=\"{sh}\"><td>{sh}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 escape(s.owner.as_ref().map_or("", OwnerId::as_str)),
-                escape(s.checkpoint.as_ref().map_or("", Checkpoint::as_str)),
+                escape(
+                    &s.checkpoint
+                        .as_ref()
+                        .map_or(String::new(), ToString::to_string)
+                ),
                 s.behind_ms.map(|m| m.to_string()).unwrap_or_default(),
                 s.state,
                 sh = escape(shard.as_str())

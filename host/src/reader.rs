@@ -2,9 +2,10 @@
 //! the configured start) into the subscription channel; the [`pool`] starts
 //! and stops them as the lease keeper assigns shards.
 //!
-//! Loop: GetRecords with the current iterator; tell settlement about the
-//! records (so the checkpoint cannot pass them), then send them one by one
-//! into the subscription channel, waiting while it is full. A read that
+//! Loop: GetRecords with the current iterator; take the user records out
+//! of KPL aggregates ([`unpack`]); tell settlement about the records (so
+//! the checkpoint cannot pass them), then send them one by one into the
+//! subscription channel, waiting while it is full. A read that
 //! returned records is followed at once by the next; an empty one waits
 //! `poll_idle`.
 //!
@@ -32,6 +33,7 @@
 //! when it resumes.
 
 pub(crate) mod pool;
+mod unpack;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,10 +44,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
-use crate::channel::{Delivery, DeliverySender, Record};
+use crate::channel::{Delivery, DeliverySender};
 use crate::config::SubscriptionConfig;
-use crate::ids::{SessionId, ShardId};
-use crate::kinesis::{Fetched, Kinesis, KinesisError, ReadFrom};
+use crate::ids::{Position, SessionId, ShardId};
+use crate::kinesis::{Fetched, HashKeyRange, Kinesis, KinesisError, ReadFrom};
 use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
 use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry, spans};
 
@@ -88,6 +90,54 @@ struct Reading {
     behind: Gauge,
     throttles: crate::telemetry::Counter,
     throttle_log: crate::logging::LogGate,
+    kpl: KplCounters,
+}
+
+/// What de-aggregation found on a shard, counted (see [`crate::kpl`]).
+struct KplCounters {
+    user_records: crate::telemetry::Counter,
+    corrupt: crate::telemetry::Counter,
+    hash_key_mismatch: crate::telemetry::Counter,
+    log: crate::logging::LogGate,
+}
+
+impl KplCounters {
+    fn new(ctx: &ReaderContext, shard: &ShardId) -> Self {
+        let labels = [
+            ("subscription", ctx.subscription.name.as_str()),
+            ("shard_id", shard.as_str()),
+        ];
+        let t = &ctx.telemetry;
+        Self {
+            user_records: t.counter(
+                "shardlane_kpl_user_records_total",
+                "User records taken out of KPL aggregates, each delivered as a record of its own.",
+                &labels,
+            ),
+            corrupt: t.counter(
+                "shardlane_kpl_corrupt_total",
+                "Records with the KPL magic bytes that are not valid aggregates (bad MD5, undecodable), delivered as they are.",
+                &labels,
+            ),
+            hash_key_mismatch: t.counter(
+                "shardlane_kpl_hash_key_mismatch_total",
+                "KPL user records whose hash key lies outside the shard they were read from (KCL drops them; shardlane delivers them).",
+                &labels,
+            ),
+            log: crate::logging::LogGate::every(crate::throttle::LOG_INTERVAL),
+        }
+    }
+
+    fn count(&mut self, found: &unpack::Found, subscription: &str, shard: &ShardId) {
+        self.user_records.add(found.user_records);
+        self.corrupt.add(found.corrupt);
+        self.hash_key_mismatch.add(found.hash_key_mismatch);
+        if (found.corrupt > 0 || found.hash_key_mismatch > 0)
+            && let Some(suppressed) = self.log.note(std::time::Instant::now())
+        {
+            tracing::warn!(subscription, shard_id = %shard, corrupt = found.corrupt, hash_key_mismatch = found.hash_key_mismatch, suppressed, "KPL records delivered as they are (corrupt aggregates) or outside their shard's hash keys; see shardlane_kpl_* (logged at most once every 10 s)");
+        }
+    }
 }
 
 impl Reading {
@@ -103,6 +153,7 @@ impl Reading {
             ),
             throttles: crate::throttle::counter(&ctx.telemetry, sub, "kinesis", shard.as_str()),
             throttle_log: crate::logging::LogGate::every(crate::throttle::LOG_INTERVAL),
+            kpl: KplCounters::new(ctx, shard),
         }
     }
 }
@@ -116,6 +167,11 @@ pub(crate) struct ShardReader {
     /// Where to (re)open the shard: after the last record handed to the
     /// channel, once there is one (an expired iterator reopens there).
     position: ReadFrom,
+    /// Opened inside a KPL aggregate: its user records up to here were
+    /// handed out before (or settled) and are skipped.
+    skip_through: Option<Position>,
+    /// The shard's hash keys, when known (KPL user records are checked).
+    hash_keys: Option<HashKeyRange>,
     cancel: CancellationToken,
     /// Until when the lease is surely ours (module docs).
     valid_until: watch::Receiver<Instant>,
@@ -131,6 +187,7 @@ impl ShardReader {
         shard: ShardId,
         session: SessionId,
         from: ReadFrom,
+        hash_keys: Option<HashKeyRange>,
         cancel: CancellationToken,
         valid_until: watch::Receiver<Instant>,
     ) -> Self {
@@ -140,6 +197,8 @@ impl ShardReader {
             session,
             next_offset: 0,
             position: from,
+            skip_through: None,
+            hash_keys,
             cancel,
             valid_until,
         }
@@ -207,6 +266,10 @@ impl ShardReader {
                     return Err(ReaderExit::Cancelled);
                 }
                 reading.backoff.reset();
+                self.skip_through = match &self.position {
+                    ReadFrom::After(p) if p.sub().is_some() => Some(p.clone()),
+                    _ => None,
+                };
                 tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, position = ?self.position, "shard iterator opened");
                 self.ctx.status.reader_positioned(&self.shard);
                 reading.iterator = Some(it);
@@ -247,7 +310,7 @@ impl ShardReader {
             self.ctx.status.lag(&self.shard, behind);
         }
         let count = page.records.len();
-        if count > 0 && !self.hand_out(page.records).await {
+        if count > 0 && !self.hand_out(page.records, reading).await {
             return Err(ReaderExit::Cancelled);
         }
         let Some(next) = page.next_iterator else {
@@ -319,39 +382,56 @@ impl ShardReader {
         }
     }
 
-    /// Tracks the records with settlement, then sends them into the
-    /// channel. False when cancelled on the way.
-    async fn hand_out(&mut self, records: Vec<Fetched>) -> bool {
+    /// Unpacks KPL aggregates, tracks the records with settlement, then
+    /// sends them into the channel. False when cancelled on the way.
+    async fn hand_out(&mut self, page: Vec<Fetched>, reading: &mut Reading) -> bool {
+        let source = unpack::Source {
+            stream: &self.ctx.subscription.stream,
+            shard: &self.shard,
+            hash_keys: self.hash_keys,
+        };
+        let mut found = unpack::Found::default();
+        let records = source.unpack(page, self.skip_through.as_ref(), &mut found);
+        reading
+            .kpl
+            .count(&found, self.ctx.subscription.name.as_str(), &self.shard);
+        if let Some((_, first)) = records.first()
+            && self
+                .skip_through
+                .as_ref()
+                .is_some_and(|s| s.sequence() < first.sequence())
+        {
+            // Past the aggregate the reader reopened inside.
+            self.skip_through = None;
+        }
+        if records.is_empty() {
+            return true;
+        }
         let track = SettlementMsg::Track {
             shard: self.shard.clone(),
             session: self.session,
-            sequences: records.iter().map(|r| r.sequence.clone()).collect(),
+            positions: records.iter().map(|(_, p)| p.clone()).collect(),
         };
         if !self.send_settlement(track).await {
             return false;
         }
-        for fetched in records {
-            let record = Arc::new(Record {
-                stream: self.ctx.subscription.stream.clone(),
-                shard: self.shard.clone(),
-                partition_key: fetched.partition_key,
-                sequence: fetched.sequence,
-                arrival_ms: fetched.arrival_ms,
-                data: fetched.data,
-            });
+        for (record, position) in records {
             let ticket = Ticket {
                 shard: self.shard.clone(),
                 session: self.session,
                 offset: self.next_offset,
             };
-            let sequence = record.sequence.clone();
-            if !self.deliver(Delivery { record, ticket }).await {
+            let delivery = Delivery {
+                record: Arc::new(record),
+                ticket,
+            };
+            if !self.deliver(delivery).await {
                 // Not sent: `next_offset` (what `Close` reports as handed
                 // out) stays below it, so the drain does not wait for it.
                 return false;
             }
             self.next_offset += 1;
-            self.position = ReadFrom::After(sequence);
+            self.position = ReadFrom::After(position);
         }
         true
     }

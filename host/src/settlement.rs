@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::ids::{SequenceNumber, SessionId, ShardId, SubscriptionName};
+use crate::ids::{Position, SessionId, ShardId, SubscriptionName};
 use crate::lease::{Checkpoint, CheckpointRequest};
 pub(crate) use watermark::{Offset, Settled, Watermark};
 
@@ -64,8 +64,9 @@ pub enum SettlementMsg {
         shard: ShardId,
         /// The session.
         session: SessionId,
-        /// The records' sequence numbers, in order.
-        sequences: Vec<SequenceNumber>,
+        /// The records' positions, in order (a KPL aggregate's user
+        /// records each under its own).
+        positions: Vec<Position>,
     },
     /// The reader stopped (lease lost, handed over, shutdown) after handing
     /// out the records below offset `delivered`; once those have settled,
@@ -201,12 +202,12 @@ impl Settlement {
             SettlementMsg::Track {
                 shard,
                 session,
-                sequences,
+                positions,
             } => {
                 if let Some(state) = self.session(&shard, session) {
-                    let count = sequences.len();
-                    for seq in sequences {
-                        state.watermark.track(seq);
+                    let count = positions.len();
+                    for position in positions {
+                        state.watermark.track(position);
                     }
                     self.unsettled += count;
                     self.max_unsettled = self.max_unsettled.max(self.unsettled);
@@ -353,9 +354,10 @@ impl Settlement {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::SequenceNumber;
 
-    fn seq(n: u64) -> SequenceNumber {
-        SequenceNumber::parse(&(100 + n).to_string()).unwrap()
+    fn seq(n: u64) -> Position {
+        Position::whole(SequenceNumber::parse(&(100 + n).to_string()).unwrap())
     }
 
     #[tokio::test(start_paused = true)]
@@ -373,7 +375,7 @@ mod tests {
         tx.send(SettlementMsg::Track {
             shard: shard.clone(),
             session: SessionId(1),
-            sequences: (0..3).map(seq).collect(),
+            positions: (0..3).map(seq).collect(),
         })
         .await
         .unwrap();
@@ -387,7 +389,7 @@ mod tests {
         tx.send(ticket(1)).await.unwrap();
         tx.send(ticket(0)).await.unwrap();
         let first = ck_rx.recv().await.unwrap();
-        assert_eq!(first.checkpoint, Some(Checkpoint::Sequence(seq(1))));
+        assert_eq!(first.checkpoint, Some(Checkpoint::At(seq(1))));
         // A stale session's ticket is ignored.
         tx.send(SettlementMsg::Settle(Ticket {
             shard: shard.clone(),
@@ -399,7 +401,7 @@ mod tests {
         tx.send(ticket(2)).await.unwrap();
         drop(tx);
         let last = ck_rx.recv().await.unwrap();
-        assert_eq!(last.checkpoint, Some(Checkpoint::Sequence(seq(2))));
+        assert_eq!(last.checkpoint, Some(Checkpoint::At(seq(2))));
         task.await.unwrap();
         assert!(ck_rx.recv().await.is_none());
     }
@@ -420,7 +422,7 @@ mod tests {
         tx.send(SettlementMsg::Track {
             shard: shard.clone(),
             session: SessionId(1),
-            sequences: vec![seq(0)],
+            positions: vec![seq(0)],
         })
         .await
         .unwrap();
@@ -462,7 +464,7 @@ mod tests {
         tx.send(SettlementMsg::Track {
             shard: shard.clone(),
             session: SessionId(1),
-            sequences: (0..5).map(seq).collect(),
+            positions: (0..5).map(seq).collect(),
         })
         .await
         .unwrap();
@@ -488,11 +490,7 @@ mod tests {
         // drained request follows, at seq(2).
         let mut got = ck_rx.recv().await.unwrap();
         while !got.drained {
-            assert_eq!(
-                got.checkpoint,
-                Some(Checkpoint::Sequence(seq(0))),
-                "{got:?}"
-            );
+            assert_eq!(got.checkpoint, Some(Checkpoint::At(seq(0))), "{got:?}");
             got = ck_rx.recv().await.unwrap();
         }
         assert_eq!(
@@ -500,7 +498,7 @@ mod tests {
             CheckpointRequest {
                 shard,
                 session: SessionId(1),
-                checkpoint: Some(Checkpoint::Sequence(seq(2))),
+                checkpoint: Some(Checkpoint::At(seq(2))),
                 drained: true
             }
         );

@@ -328,7 +328,9 @@ log_rate = 1000000
             .unwrap()
             .into_iter()
             .filter_map(|l| match l.checkpoint {
-                Some(Checkpoint::Sequence(seq)) => Some((l.key.shard.to_string(), seq.to_string())),
+                Some(Checkpoint::At(position)) => {
+                    Some((l.key.shard.to_string(), position.to_string()))
+                }
                 _ => None,
             })
             .collect()

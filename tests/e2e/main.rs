@@ -17,6 +17,7 @@ mod failures;
 mod faults;
 mod files;
 mod hostile;
+mod kpl;
 mod lanes;
 mod leases;
 mod ops;

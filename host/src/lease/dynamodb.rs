@@ -412,7 +412,7 @@ impl LeaseStore for DynamoDbLeaseStore {
         held: &HeldLease,
         checkpoint: &Checkpoint,
     ) -> Result<HeldLease, LeaseError> {
-        self.update_held(held, Some((CHECKPOINT, s(checkpoint.as_str()))), false)
+        self.update_held(held, Some((CHECKPOINT, s(&checkpoint.to_string()))), false)
             .await
     }
 

@@ -122,7 +122,7 @@ fn encode(lease: &Lease) -> String {
     let stored = Stored {
         owner: lease.owner.as_ref().map(|o| o.as_str().to_owned()),
         counter: lease.counter,
-        checkpoint: lease.checkpoint.as_ref().map(|c| c.as_str().to_owned()),
+        checkpoint: lease.checkpoint.as_ref().map(|c| c.to_string()),
         handoff: lease.handoff.as_ref().map(|o| o.as_str().to_owned()),
     };
     // Serializing a struct of strings and an integer cannot fail.
@@ -342,7 +342,7 @@ impl LeaseStore for FileLeaseStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::SequenceNumber;
+    use crate::ids::{Position, SequenceNumber};
 
     #[test]
     fn refuses_an_empty_file_naming_it() {
@@ -375,7 +375,10 @@ mod tests {
     #[tokio::test]
     async fn survives_reopen_and_frees_orphans() {
         let dir = tempfile::tempdir().unwrap();
-        let cp = Checkpoint::Sequence(SequenceNumber::parse("123456789").unwrap());
+        let cp = Checkpoint::At(Position::within(
+            SequenceNumber::parse("123456789").unwrap(),
+            3,
+        ));
         {
             let store = FileLeaseStore::open(dir.path()).unwrap();
             let held = store.acquire(&key("s-1"), &"a".into(), None).await.unwrap();

@@ -123,7 +123,7 @@ use super::planner::Planner;
 use super::{CheckpointRequest, HeldLease, LeaseError, LeaseKey, LeaseStore};
 use crate::config::{LeaseConfig, SubscriptionConfig};
 use crate::ids::{OwnerId, SessionId, ShardId, StreamName};
-use crate::kinesis::{Kinesis, KinesisError, ReadFrom, ShardInfo};
+use crate::kinesis::{HashKeyRange, Kinesis, KinesisError, ReadFrom, ShardInfo};
 use crate::logging::LogGate;
 use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry};
 
@@ -149,6 +149,9 @@ pub enum Assignment {
         session: SessionId,
         /// Where to open it.
         from: ReadFrom,
+        /// Its hash keys, as the shard listing said (KPL user records are
+        /// checked against them).
+        hash_keys: Option<HashKeyRange>,
         /// Until when the lease is surely ours.
         valid_until: watch::Receiver<Instant>,
     },

@@ -108,7 +108,7 @@ impl LeaseStore for MemoryLeaseStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::SequenceNumber;
+    use crate::ids::{Position, SequenceNumber};
 
     fn key() -> LeaseKey {
         LeaseKey {
@@ -142,7 +142,7 @@ mod tests {
         let renewed = store.renew(&renewed).await.unwrap();
         assert_eq!(renewed.handoff, Some(b.clone()));
         // A stale view (old counter) cannot write.
-        let cp = Checkpoint::Sequence(SequenceNumber::parse("42").unwrap());
+        let cp = Checkpoint::At(Position::whole(SequenceNumber::parse("42").unwrap()));
         assert!(store.checkpoint(&held_a, &cp).await.is_err());
         // b takes it over as observed (e.g. after judging it expired).
         let seen = store.read(&key()).await.unwrap().unwrap();

@@ -164,6 +164,7 @@ mod tests {
             parent: None,
             adjacent_parent: None,
             closed: false,
+            hash_keys: None,
         }
     }
 

@@ -194,7 +194,7 @@ fn to_v2(record: &Record, attempt: u32) -> v2::KinesisRecord<'_> {
         shard_id: record.shard.as_str(),
         partition_key: record.partition_key.as_str(),
         sequence_number: record.sequence.as_str(),
-        sub_sequence_number: None,
+        sub_sequence_number: record.sub_sequence,
         approximate_arrival: record.arrival_ms,
         data: &record.data,
         attempt,

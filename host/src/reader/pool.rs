@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ReaderContext, ReaderExit, ShardReader};
 use crate::ids::{SessionId, ShardId};
-use crate::kinesis::ReadFrom;
+use crate::kinesis::{HashKeyRange, ReadFrom};
 use crate::lease::{Assignment, StopReason};
 
 /// The readers of one subscription (module docs).
@@ -57,8 +57,8 @@ impl ReaderPool {
         loop {
             tokio::select! {
                 assignment = assignments.recv() => match assignment {
-                    Some(Assignment::Read { shard, session, from, valid_until }) => {
-                        self.start(shard, session, from, valid_until);
+                    Some(Assignment::Read { shard, session, from, hash_keys, valid_until }) => {
+                        self.start(shard, session, from, hash_keys, valid_until);
                     }
                     Some(Assignment::Stop { shard, session, why }) => self.stop(&shard, session, why),
                     None => break,
@@ -79,6 +79,7 @@ impl ReaderPool {
         shard: ShardId,
         session: SessionId,
         from: ReadFrom,
+        hash_keys: Option<HashKeyRange>,
         valid_until: watch::Receiver<Instant>,
     ) {
         let cancel = CancellationToken::new();
@@ -87,6 +88,7 @@ impl ReaderPool {
             shard.clone(),
             session,
             from,
+            hash_keys,
             cancel.clone(),
             valid_until,
         );

@@ -3,7 +3,7 @@
 //! A shard's records are tracked in arrival order, each under an [`Offset`]
 //! (0, 1, 2, ... within one reader session). They settle in any order (acks
 //! from parallel lanes, rejects, dead-letters). The checkpoint is the
-//! sequence number of the last record of the longest settled prefix: it
+//! position of the last record of the longest settled prefix: it
 //! never passes a record that has not settled, and reaches the last record
 //! once all have. An end-of-shard marker, tracked after a closed shard's
 //! last record, turns the checkpoint into [`Checkpoint::ShardEnd`] once
@@ -12,10 +12,15 @@
 //! Cost: `track` and `settle` are O(1) amortised (a ring buffer indexed by
 //! offset); memory is one entry per record read but not yet below the
 //! watermark.
+//!
+//! KPL aggregates need nothing special here: the reader tracks each user
+//! record under its own [`Position`] (the last one of an aggregate as the
+//! whole record), so a checkpoint may stop inside an aggregate and the
+//! aggregate is done once its last user record is.
 
 use std::collections::VecDeque;
 
-use crate::ids::SequenceNumber;
+use crate::ids::Position;
 use crate::lease::Checkpoint;
 
 /// The position of a tracked record within its shard's reader session.
@@ -23,7 +28,7 @@ pub(crate) type Offset = u64;
 
 #[derive(Debug)]
 enum Entry {
-    Record { seq: SequenceNumber, settled: bool },
+    Record { position: Position, settled: bool },
     End,
 }
 
@@ -55,13 +60,13 @@ impl Watermark {
 
     /// Tracks the next record read from the shard and returns its offset.
     /// Records must be tracked in the order the shard returned them.
-    pub(crate) fn track(&mut self, seq: SequenceNumber) -> Offset {
+    pub(crate) fn track(&mut self, position: Position) -> Offset {
         debug_assert!(
             !matches!(self.entries.back(), Some(Entry::End)),
             "record tracked after the end of its shard"
         );
         self.entries.push_back(Entry::Record {
-            seq,
+            position,
             settled: false,
         });
         self.unsettled += 1;
@@ -102,8 +107,8 @@ impl Watermark {
         while let Some(front) = self.entries.front() {
             match front {
                 Entry::Record { settled: true, .. } => {
-                    if let Some(Entry::Record { seq, .. }) = self.entries.pop_front() {
-                        self.checkpoint = Some(Checkpoint::Sequence(seq));
+                    if let Some(Entry::Record { position, .. }) = self.entries.pop_front() {
+                        self.checkpoint = Some(Checkpoint::At(position));
                     }
                     self.base += 1;
                 }
@@ -163,8 +168,16 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn seq(n: u64) -> SequenceNumber {
-        SequenceNumber::parse(&(1_000_000 + n * 7).to_string()).unwrap()
+    use crate::ids::SequenceNumber;
+
+    /// The n-th tracked record: three user records per Kinesis record (an
+    /// aggregate of three), so checkpoints stop inside aggregates too.
+    fn seq(n: u64) -> Position {
+        let sequence = SequenceNumber::parse(&(1_000_000 + (n / 3) * 7).to_string()).unwrap();
+        match n % 3 {
+            2 => Position::whole(sequence),
+            sub => Position::within(sequence, sub as u32),
+        }
     }
 
     #[test]
@@ -178,10 +191,10 @@ mod tests {
         assert_eq!(w.unsettled(), 2);
         assert_eq!(w.in_flight(), 4);
         assert_eq!(w.settle(0), Settled::Ok);
-        assert_eq!(w.checkpoint(), Some(&Checkpoint::Sequence(seq(2))));
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::At(seq(2))));
         assert_eq!(w.in_flight(), 1);
         assert_eq!(w.settle(3), Settled::Ok);
-        assert_eq!(w.checkpoint(), Some(&Checkpoint::Sequence(seq(3))));
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::At(seq(3))));
         assert!(w.is_drained());
     }
 
@@ -195,7 +208,7 @@ mod tests {
         assert_eq!(w.settle(7), Settled::Unknown);
         assert_eq!(w.settle(0), Settled::Ok);
         assert_eq!(w.settle(0), Settled::Unknown);
-        assert_eq!(w.checkpoint(), Some(&Checkpoint::Sequence(seq(1))));
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::At(seq(1))));
     }
 
     #[test]
@@ -210,7 +223,7 @@ mod tests {
         w.settle(2);
         w.settle(1);
         assert!(w.is_drained());
-        assert_eq!(w.checkpoint(), Some(&Checkpoint::Sequence(seq(2))));
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::At(seq(2))));
         assert_eq!(w.truncate(0), 0, "nothing left to drop");
     }
 
@@ -236,8 +249,12 @@ mod tests {
 
     #[test]
     fn checkpoint_round_trips_through_its_stored_form() {
-        for cp in [Checkpoint::ShardEnd, Checkpoint::Sequence(seq(9))] {
-            assert_eq!(Checkpoint::parse(cp.as_str()).unwrap(), cp);
+        for cp in [
+            Checkpoint::ShardEnd,
+            Checkpoint::At(seq(9)),
+            Checkpoint::At(seq(10)),
+        ] {
+            assert_eq!(Checkpoint::parse(&cp.to_string()).unwrap(), cp);
         }
     }
 
@@ -274,7 +291,7 @@ mod tests {
                 let prefix = settled[s].iter().take_while(|&&x| x).count();
                 match shards[s].checkpoint() {
                     None => prop_assert_eq!(prefix, 0),
-                    Some(Checkpoint::Sequence(cp)) => {
+                    Some(Checkpoint::At(cp)) => {
                         prop_assert!(prefix > 0);
                         prop_assert_eq!(cp, &seq(prefix as u64 - 1));
                         // Never at or above an unsettled record.
@@ -294,7 +311,7 @@ mod tests {
                 let want = if end {
                     Checkpoint::ShardEnd
                 } else {
-                    Checkpoint::Sequence(seq(counts[s] as u64 - 1))
+                    Checkpoint::At(seq(counts[s] as u64 - 1))
                 };
                 prop_assert_eq!(w.checkpoint(), Some(&want));
                 prop_assert!(w.is_drained());

@@ -19,6 +19,7 @@
 
 pub mod admin;
 pub mod http_server;
+pub mod kpl;
 pub mod proxy;
 
 use std::io::{BufRead, BufReader};

@@ -202,6 +202,7 @@ fn record(offset: u64, arrival_ms: u64) -> Delivery {
             shard: ShardId::from("shard-0"),
             partition_key: PartitionKey::new(format!("k{offset}")),
             sequence: SequenceNumber::parse(&(1000 + offset).to_string()).unwrap(),
+            sub_sequence: None,
             arrival_ms,
             data: vec![1, 2, 3],
         }),

@@ -11,7 +11,7 @@ use super::calls::{Io, bounded};
 use super::{Assignment, Holding, Keeper, SyncRound};
 use crate::config::StartPosition;
 use crate::ids::{OwnerId, SessionId, ShardId};
-use crate::kinesis::{KinesisError, ReadFrom, ShardInfo};
+use crate::kinesis::{HashKeyRange, KinesisError, ReadFrom, ShardInfo};
 use crate::lease::{Checkpoint, HeldLease, Lease, LeaseError};
 
 impl Keeper {
@@ -195,7 +195,8 @@ impl Keeper {
                 };
                 let fair_share = round.fair_share;
                 let previous = seen.as_ref().and_then(|l| l.owner.clone());
-                self.assign(lease, sent_at, start, previous, fair_share);
+                let hash_keys = info.and_then(|i| i.hash_keys);
+                self.assign(lease, sent_at, start, hash_keys, previous, fair_share);
             }
             Err(LeaseError::Lost(_)) => {
                 // Someone else reads it now.
@@ -235,6 +236,7 @@ impl Keeper {
         lease: HeldLease,
         acquired_at: Instant,
         start: StartPosition,
+        hash_keys: Option<HashKeyRange>,
         previous_owner: Option<OwnerId>,
         fair_share: usize,
     ) {
@@ -244,13 +246,13 @@ impl Keeper {
         self.next_session += 1;
         tracing::info!(
             subscription = %self.subscription.name, stream = %self.subscription.stream, shard_id = %shard,
-            checkpoint = lease.checkpoint.as_ref().map(Checkpoint::as_str),
+            checkpoint = lease.checkpoint.as_ref().map(tracing::field::display),
             previous_owner = previous_owner.as_ref().map(OwnerId::as_str),
             held = self.held.len() + 1, fair_share,
             "lease taken; reader starting"
         );
         let from = match &lease.checkpoint {
-            Some(Checkpoint::Sequence(seq)) => ReadFrom::After(seq.clone()),
+            Some(Checkpoint::At(position)) => ReadFrom::After(position.clone()),
             // A lease at SHARD_END is never taken (the planner skips ended
             // shards); were it, the shard's first read reports its end again.
             Some(Checkpoint::ShardEnd) | None => ReadFrom::Start(start),
@@ -261,6 +263,7 @@ impl Keeper {
             shard: shard.clone(),
             session,
             from,
+            hash_keys,
             valid_until: valid_rx,
         });
         self.held.insert(

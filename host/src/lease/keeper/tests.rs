@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::{Assignment, Keeper, ShardSource, StopReason, merge};
 use crate::config::Config;
 use crate::config::StartPosition;
-use crate::ids::{OwnerId, SequenceNumber, SessionId, ShardId, StreamName, SubscriptionName};
+use crate::ids::{
+    OwnerId, Position, SequenceNumber, SessionId, ShardId, StreamName, SubscriptionName,
+};
 use crate::kinesis::{KinesisError, ReadFrom, ShardInfo};
 use crate::lease::memory::MemoryLeaseStore;
 use crate::lease::{
@@ -48,6 +50,7 @@ fn shard(id: &str, parent: Option<&str>, closed: bool) -> ShardInfo {
         parent: parent.map(ShardId::from),
         adjacent_parent: None,
         closed,
+        hash_keys: None,
     }
 }
 
@@ -142,7 +145,9 @@ fn key(shard: &str) -> LeaseKey {
 }
 
 fn seq(n: u64) -> Checkpoint {
-    Checkpoint::Sequence(SequenceNumber::parse(&n.to_string()).unwrap())
+    Checkpoint::At(Position::whole(
+        SequenceNumber::parse(&n.to_string()).unwrap(),
+    ))
 }
 
 /// A running keeper and the ends of its channels.
@@ -254,6 +259,7 @@ fn read_of(
             session,
             from,
             valid_until,
+            ..
         }) => (shard, session, from, valid_until),
         other => panic!("expected a read assignment, got {other:?}"),
     }
@@ -280,7 +286,7 @@ async fn takes_every_free_shard_and_assigns_it_from_its_checkpoint() {
     assert_eq!(reads[1].0, ShardId::from("s1"));
     assert_eq!(
         reads[1].2,
-        ReadFrom::After(SequenceNumber::parse("42").unwrap())
+        ReadFrom::After(Position::whole(SequenceNumber::parse("42").unwrap()))
     );
     assert_ne!(reads[0].1, reads[1].1, "each taking is its own session");
     for s in ["s0", "s1"] {
@@ -453,7 +459,10 @@ async fn a_reader_that_stopped_on_its_own_has_its_lease_released_and_taken_again
     let (shard, again, from, _) = read_of(rig.next(SYNC * 2).await);
     assert_eq!(shard, ShardId::from("s0"));
     assert_ne!(again, session, "a new session");
-    assert_eq!(from, ReadFrom::After(SequenceNumber::parse("5").unwrap()));
+    assert_eq!(
+        from,
+        ReadFrom::After(Position::whole(SequenceNumber::parse("5").unwrap()))
+    );
 }
 
 /// Catches: a child shard read before its parent ended (per-key order
@@ -490,7 +499,7 @@ fn merge_request(checkpoint: Option<&str>, drained: bool) -> CheckpointRequest {
     CheckpointRequest {
         shard: "s".into(),
         session: SessionId(3),
-        checkpoint: checkpoint.map(|c| Checkpoint::Sequence(SequenceNumber::parse(c).unwrap())),
+        checkpoint: checkpoint.map(|c| Checkpoint::parse(c).unwrap()),
         drained,
     }
 }

@@ -226,7 +226,7 @@ impl Keeper {
             .filter(|h| h.session == request.session)
         else {
             if let Some(checkpoint) = &request.checkpoint {
-                tracing::warn!(subscription = %self.subscription.name, shard_id = %request.shard, checkpoint = checkpoint.as_str(), "checkpoint for a shard no longer held (or a reader session since replaced); not written");
+                tracing::warn!(subscription = %self.subscription.name, shard_id = %request.shard, checkpoint = %checkpoint, "checkpoint for a shard no longer held (or a reader session since replaced); not written");
             }
             return;
         };
@@ -252,7 +252,7 @@ impl Keeper {
         };
         match result {
             Ok(lease) => {
-                tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = point.as_str(), "checkpoint written");
+                tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = %point, "checkpoint written");
                 self.status.checkpointed(&shard, &point);
                 if point == Checkpoint::ShardEnd {
                     // The shard is done: nobody needs to read it again.
@@ -306,7 +306,7 @@ impl Keeper {
         };
         match holding.releasing {
             Some(since) => {
-                tracing::info!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.map(Checkpoint::as_str), drain = ?since.elapsed(), "final checkpoint written");
+                tracing::info!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.map(tracing::field::display), drain = ?since.elapsed(), "final checkpoint written");
                 if holding.lease.handoff.is_some() {
                     self.handed_over.insert(shard.clone(), Instant::now());
                 }
@@ -315,7 +315,7 @@ impl Keeper {
             // malformed answer from Kinesis). Held on, the shard would be
             // read by nobody; released, it is taken afresh at a sync.
             None => {
-                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.map(Checkpoint::as_str), "the shard's reader stopped on its own; lease released after its final checkpoint, to be taken afresh");
+                tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.map(tracing::field::display), "the shard's reader stopped on its own; lease released after its final checkpoint, to be taken afresh");
             }
         }
         self.release(shard, holding.lease);

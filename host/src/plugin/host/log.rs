@@ -41,6 +41,7 @@ impl HostState {
                 stream = r.stream.as_str(),
                 shard_id = r.shard.as_str(),
                 sequence_number = r.sequence.as_str(),
+                sub_sequence_number = r.sub_sequence,
                 partition_key = r.partition_key.as_str(),
                 "{message}"
             ),
