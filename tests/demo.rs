@@ -61,6 +61,7 @@ stream = "{stream}"
 plugin = "{}"
 start = "trim_horizon"
 poll_idle = "100ms"
+max_reads_per_second = 10
 checkpoint_every = "500ms"
 "#,
             plugin.display()

@@ -163,6 +163,8 @@ fn subscription(dispatch: DispatchMode, batch: Option<usize>) -> Arc<Subscriptio
         canary: None,
         start: StartPosition::TrimHorizon,
         poll_idle: Duration::from_millis(200),
+        poll_idle_max: Duration::from_secs(1),
+        max_reads_per_second: 4.0,
         checkpoint_every: Duration::from_secs(1),
         read_limit: READ as i32,
         handler_timeout: Duration::from_secs(30),

@@ -38,7 +38,9 @@
 //!    per record): its wall time is the emulator's, and its CPU per record
 //!    includes idle polling while it waits on the emulator.
 //! 4. **(c) idle**: the sequential config on the empty stream, CPU over
-//!    `SHARDLANE_BENCH_IDLE_SECS` once ready, per shard per second; and
+//!    `SHARDLANE_BENCH_IDLE_SECS` once ready, per shard per second, and
+//!    again 40 s after ready (the readers' idle ramp has then slowed every
+//!    shard to `poll_idle_max`); and
 //!    beside it what one empty GetRecords costs the bare SDK (the floor of
 //!    any poll).
 //!
@@ -205,7 +207,7 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
     }
 
     println!("(c) idle, {SHARDS} shards, {idle_secs} s …");
-    let idle = host.idle(&modes[0], Duration::from_secs(idle_secs)).await?;
+    let (idle, quiet) = host.idle(&modes[0], Duration::from_secs(idle_secs)).await?;
     if !host.extra.is_empty() {
         println!(
             "every subscription also had: {}",
@@ -248,11 +250,19 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
         idle / f64::from(SHARDS)
     );
     println!(
-        "    one empty GetRecords costs the bare SDK {:.0} µs of CPU: {SHARDS} shards polled every {:?} (the default poll_idle) would cost it {:.3} % of a core",
+        "    after 40 s without records (every shard slowed to poll_idle_max): {:.4} CPU-s per second = {:.3} % of a core",
+        quiet,
+        quiet * 100.0,
+    );
+    let defaults = &shardlane::config::defaults::POLL_IDLE;
+    println!(
+        "    one empty GetRecords costs the bare SDK {:.0} µs of CPU: {SHARDS} shards polled every {:?} (the default poll_idle) would cost it {:.3} % of a core, every {:?} (poll_idle_max) {:.3} %",
         empty_poll.as_secs_f64() * 1e6,
-        shardlane::config::defaults::POLL_IDLE,
+        defaults,
+        empty_poll.as_secs_f64() * f64::from(SHARDS) / defaults.as_secs_f64() * 100.0,
+        shardlane::config::defaults::POLL_IDLE_MAX,
         empty_poll.as_secs_f64() * f64::from(SHARDS)
-            / shardlane::config::defaults::POLL_IDLE.as_secs_f64()
+            / shardlane::config::defaults::POLL_IDLE_MAX.as_secs_f64()
             * 100.0
     );
     Ok(())
@@ -531,17 +541,26 @@ start = "trim_horizon"
         })
     }
 
-    /// CPU-s per second of `mode` on the empty stream, once ready.
-    async fn idle(&self, mode: &Mode, over: Duration) -> anyhow::Result<f64> {
+    /// CPU-s per second of `mode` on the empty stream: once ready, and
+    /// again once the readers' idle ramp has slowed every shard down (the
+    /// ramp starts after 30 s without records).
+    async fn idle(&self, mode: &Mode, over: Duration) -> anyhow::Result<(f64, f64)> {
         let (mut host, admin) = self.start(mode, EMPTY)?;
         wait_ready(&mut host, &admin).await?;
+        let ready = Instant::now();
         // Past start-up's tail (first renewals, first syncs).
         tokio::time::sleep(Duration::from_secs(2)).await;
         let before = process_cpu(host.pid())?;
         tokio::time::sleep(over).await;
-        let after = process_cpu(host.pid())?;
+        let fresh = (process_cpu(host.pid())? - before).as_secs_f64() / over.as_secs_f64();
+        // The ramp: 30 s, then doubling waits up to `poll_idle_max`.
+        let ramped = ready + Duration::from_secs(40);
+        tokio::time::sleep_until(ramped.into()).await;
+        let before = process_cpu(host.pid())?;
+        tokio::time::sleep(over).await;
+        let quiet = (process_cpu(host.pid())? - before).as_secs_f64() / over.as_secs_f64();
         host.terminate().await?;
-        Ok((after - before).as_secs_f64() / over.as_secs_f64())
+        Ok((fresh, quiet))
     }
 }
 

@@ -372,6 +372,11 @@ pub struct SubscriptionConfig {
     pub start: StartPosition,
     /// How long a reader waits after a read that returned no records.
     pub poll_idle: Duration,
+    /// The longest wait after empty reads, once a shard has been quiet a
+    /// while (see `reader::pace`).
+    pub poll_idle_max: Duration,
+    /// GetRecords per shard per second at most (finite, above zero).
+    pub max_reads_per_second: f64,
     /// At most one checkpoint write per shard per this interval.
     pub checkpoint_every: Duration,
     /// Most records asked for in one GetRecords call.
@@ -409,9 +414,19 @@ impl SubscriptionConfig {
 pub mod defaults {
     use std::time::Duration;
 
-    /// Kinesis allows 5 GetRecords calls per shard per second; 200 ms keeps
-    /// an idle shard within that and a new record under a second away.
-    pub const POLL_IDLE: Duration = Duration::from_millis(200);
+    /// Kinesis allows 5 GetRecords calls per shard per second, shared by
+    /// every consumer of the stream; 4 leaves one a second for a KCL (1 s
+    /// idle, 200 ms minimum between reads) or Lambda (about one poll a
+    /// second per shard) consumer at its default rate.
+    pub const MAX_READS_PER_SECOND: f64 = 4.0;
+    /// An empty read waits this long while the shard had records lately:
+    /// the read budget's spacing, so a new record is about 125 ms away on
+    /// average.
+    pub const POLL_IDLE: Duration = Duration::from_millis(250);
+    /// A shard empty for 30 s backs off to one read a second, as KCL and
+    /// Lambda poll: an idle subscription costs little CPU and leaves the
+    /// shard's reads to others.
+    pub const POLL_IDLE_MAX: Duration = Duration::from_secs(1);
     /// One write a second per shard keeps store traffic small while bounding
     /// redelivery after a crash to about a second of records.
     pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);

@@ -5,9 +5,11 @@
 //! Loop: GetRecords with the current iterator; take the user records out
 //! of KPL aggregates ([`unpack`]); tell settlement about the records (so
 //! the checkpoint cannot pass them), then send them one by one into the
-//! subscription channel, waiting while it is full. A read that
-//! returned records is followed at once by the next; an empty one waits
-//! `poll_idle`.
+//! subscription channel, waiting while it is full. When the next read may
+//! go is the shard's read budget's to say ([`pace`]): a read that returned
+//! records is followed as soon as `max_reads_per_second` allows, an empty
+//! one waits `poll_idle`, ramping up to `poll_idle_max` on a shard that
+//! stays quiet, and throttling lowers the shard's rate.
 //!
 //! Failures: throttling backs off with jitter and keeps the iterator (and
 //! is counted per shard and logged at WARN at most once an interval: see
@@ -32,6 +34,7 @@
 //! a lease that changed hands meanwhile, whichever of its tasks runs first
 //! when it resumes.
 
+mod pace;
 pub(crate) mod pool;
 mod unpack;
 
@@ -91,6 +94,9 @@ struct Reading {
     throttles: crate::telemetry::Counter,
     throttle_log: crate::logging::LogGate,
     kpl: KplCounters,
+    pace: pace::Pace,
+    reads_with_records: crate::telemetry::Counter,
+    reads_empty: crate::telemetry::Counter,
 }
 
 /// What de-aggregation found on a shard, counted (see [`crate::kpl`]).
@@ -154,8 +160,29 @@ impl Reading {
             throttles: crate::throttle::counter(&ctx.telemetry, sub, "kinesis", shard.as_str()),
             throttle_log: crate::logging::LogGate::every(crate::throttle::LOG_INTERVAL),
             kpl: KplCounters::new(ctx, shard),
+            pace: pace::Pace::new(pace::Budget {
+                max_reads_per_second: ctx.subscription.max_reads_per_second,
+                poll_idle: ctx.subscription.poll_idle,
+                poll_idle_max: ctx.subscription.poll_idle_max,
+            }),
+            reads_with_records: reads(ctx, shard, "records"),
+            reads_empty: reads(ctx, shard, "empty"),
         }
     }
+}
+
+/// The counter of a shard's GetRecords calls that returned records, or
+/// none (`result`).
+fn reads(ctx: &ReaderContext, shard: &ShardId, result: &str) -> crate::telemetry::Counter {
+    ctx.telemetry.counter(
+        "shardlane_get_records_total",
+        "GetRecords calls that succeeded, per shard, by whether they returned records (`records`) or none (`empty`).",
+        &[
+            ("subscription", ctx.subscription.name.as_str()),
+            ("shard_id", shard.as_str()),
+            ("result", result),
+        ],
+    )
 }
 
 /// One shard reader (see the module docs).
@@ -242,6 +269,14 @@ impl ShardReader {
         }
         let mut reading = Reading::new(&self.ctx, &self.shard);
         loop {
+            if let Some(next) = reading.pace.next_read()
+                && next > Instant::now()
+            {
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return ReaderExit::Cancelled,
+                    _ = tokio::time::sleep_until(next) => {}
+                }
+            }
             if self.lease_valid().await.is_none() {
                 return ReaderExit::Cancelled;
             }
@@ -290,6 +325,7 @@ impl ShardReader {
         current: String,
     ) -> Result<(), ReaderExit> {
         let span = spans::receive(&self.ctx.subscription, self.shard.as_str());
+        reading.pace.sent(Instant::now());
         let read = self
             .ctx
             .kinesis
@@ -305,6 +341,14 @@ impl ShardReader {
         };
         span.record("messaging.batch.message_count", page.records.len());
         reading.backoff.reset();
+        let read = if page.records.is_empty() {
+            reading.reads_empty.inc();
+            pace::Read::Empty
+        } else {
+            reading.reads_with_records.inc();
+            pace::Read::Records
+        };
+        reading.pace.ended(read, Instant::now());
         if let Some(behind) = page.millis_behind {
             reading.behind.set(behind);
             self.ctx.status.lag(&self.shard, behind);
@@ -326,9 +370,6 @@ impl ShardReader {
             });
         };
         reading.iterator = Some(next);
-        if count == 0 {
-            return self.sleep(self.ctx.subscription.poll_idle).await;
-        }
         Ok(())
     }
 
@@ -340,6 +381,11 @@ impl ShardReader {
         current: String,
         error: KinesisError,
     ) -> Result<(), ReaderExit> {
+        let read = match error {
+            KinesisError::Throttled(_) => pace::Read::Throttled,
+            _ => pace::Read::Failed,
+        };
+        reading.pace.ended(read, Instant::now());
         match error {
             KinesisError::ExpiredIterator => {
                 tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "shard iterator expired; reopening after the last record read");
@@ -358,7 +404,7 @@ impl ShardReader {
                 if let KinesisError::Throttled(_) = e {
                     reading.throttles.inc();
                     if let Some(suppressed) = reading.throttle_log.note(std::time::Instant::now()) {
-                        tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, suppressed, ?wait, "read throttled; backing off (logged at most once every 10 s; suppressed: since the last line)");
+                        tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, suppressed, ?wait, reads_per_second = reading.pace.rate(), "read throttled; backing off and reading this shard less often (logged at most once every 10 s; suppressed: since the last line)");
                     }
                 } else {
                     tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %e, ?wait, "GetRecords failed; retrying");

@@ -33,12 +33,18 @@ shard_sync_every = "1s"
 
 /// A `[[subscription]]` block that polls and checkpoints quickly, with
 /// `extra` lines appended. Tests count guest log lines, so the log rate
-/// limit is lifted unless `extra` sets one.
+/// limit is lifted, and the read budget raised to 20 reads a second,
+/// unless `extra` sets them.
 pub fn subscription(name: &str, stream: &str, plugin: &Path, extra: &str) -> String {
     let log_rate = if extra.contains("log_rate") {
         ""
     } else {
         "log_rate = 1000000"
+    };
+    let budget = if extra.contains("max_reads_per_second") {
+        ""
+    } else {
+        "max_reads_per_second = 20"
     };
     format!(
         r#"
@@ -48,6 +54,7 @@ stream = "{stream}"
 plugin = "{plugin}"
 poll_idle = "50ms"
 checkpoint_every = "200ms"
+{budget}
 {log_rate}
 {extra}
 "#,

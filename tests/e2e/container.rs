@@ -164,6 +164,7 @@ stream = "{stream}"
 plugin = "{plugin}"
 start = "trim_horizon"
 poll_idle = "50ms"
+max_reads_per_second = 20
 "#,
         plugin = plugin.display()
     );

@@ -129,6 +129,7 @@ stream = "{stream}"
 plugin = "{plugin}"
 start = "trim_horizon"
 poll_idle = "50ms"
+max_reads_per_second = 20
 checkpoint_every = "200ms"
 log_rate = 1000000
 {extra}
@@ -300,6 +301,7 @@ stream = "{stream}"
 plugin = "{}"
 start = "trim_horizon"
 poll_idle = "50ms"
+max_reads_per_second = 20
 checkpoint_every = "100ms"
 log_rate = 1000000
 "#,
@@ -676,6 +678,7 @@ stream = "{stream}"
 plugin = "{}"
 start = "trim_horizon"
 poll_idle = "50ms"
+max_reads_per_second = 20
 checkpoint_every = "200ms"
 workers = 4
 by_key = true

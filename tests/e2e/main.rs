@@ -6,6 +6,7 @@
 
 mod admin;
 mod batches;
+mod budget;
 mod chaos;
 mod check;
 mod common;

@@ -79,6 +79,8 @@ pub(super) struct RawSubscription {
     pub(super) canary: Option<RawCanary>,
     pub(super) start: Option<RawStart>,
     pub(super) poll_idle: Option<String>,
+    pub(super) poll_idle_max: Option<String>,
+    pub(super) max_reads_per_second: Option<f64>,
     pub(super) checkpoint_every: Option<String>,
     pub(super) read_limit: Option<i64>,
     pub(super) handler_timeout: Option<String>,

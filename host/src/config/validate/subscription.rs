@@ -48,6 +48,7 @@ impl Subscription<'_, '_> {
         }
         let start = self.start(sub.start.as_ref())?;
         let read_limit = self.read_limit(sub.read_limit)?;
+        let (poll_idle, poll_idle_max, max_reads_per_second) = self.read_budget(&sub)?;
         let (retry_backoff_initial, retry_backoff_max) =
             self.retry_backoff(sub.retry_backoff.as_ref())?;
         let dispatch = self.dispatch(sub.workers, sub.by_key)?;
@@ -65,7 +66,9 @@ impl Subscription<'_, '_> {
             stream: StreamName::new(sub.stream),
             plugin: sub.plugin,
             start,
-            poll_idle: self.duration("poll_idle", sub.poll_idle.as_deref(), defaults::POLL_IDLE)?,
+            poll_idle,
+            poll_idle_max,
+            max_reads_per_second,
             checkpoint_every: self.duration(
                 "checkpoint_every",
                 sub.checkpoint_every.as_deref(),
@@ -112,6 +115,34 @@ impl Subscription<'_, '_> {
                 StartPosition::AtTimestamp(ts)
             }
         })
+    }
+
+    /// `poll_idle`, `poll_idle_max` (at least `poll_idle`; by default the
+    /// larger of its default and `poll_idle`) and `max_reads_per_second`.
+    fn read_budget(&self, sub: &RawSubscription) -> Result<(Duration, Duration, f64), ConfigError> {
+        let poll_idle =
+            self.duration("poll_idle", sub.poll_idle.as_deref(), defaults::POLL_IDLE)?;
+        let poll_idle_max = self.duration(
+            "poll_idle_max",
+            sub.poll_idle_max.as_deref(),
+            defaults::POLL_IDLE_MAX.max(poll_idle),
+        )?;
+        if poll_idle_max < poll_idle {
+            return Err(self.invalid(
+                "poll_idle_max",
+                format!("{poll_idle_max:?} is shorter than poll_idle ({poll_idle:?})"),
+            ));
+        }
+        let rate = sub
+            .max_reads_per_second
+            .unwrap_or(defaults::MAX_READS_PER_SECOND);
+        if !(rate.is_finite() && rate > 0.0 && rate <= 1000.0) {
+            return Err(self.invalid(
+                "max_reads_per_second",
+                format!("{rate} is out of range: a number above 0 and at most 1000 (Kinesis allows 5 per shard, shared by every consumer)"),
+            ));
+        }
+        Ok((poll_idle, poll_idle_max, rate))
     }
 
     fn read_limit(&self, read_limit: Option<i64>) -> Result<i32, ConfigError> {
