@@ -22,8 +22,8 @@ use shardlane::bench::{
     Settlement, SettlementMsg, Telemetry, Ticket, channel,
 };
 use shardlane::config::{
-    BatchConfig, DispatchMode, FailurePolicy, Grants, OnFailure, SandboxConfig, StartPosition,
-    SubscriptionConfig, defaults,
+    BatchConfig, DispatchMode, FailurePolicy, Grants, OnFailure, ReadMode, SandboxConfig,
+    StartPosition, SubscriptionConfig, defaults,
 };
 use shardlane::ids::{
     LaneId, PartitionKey, Position, SequenceNumber, SessionId, ShardId, StreamName,
@@ -162,6 +162,7 @@ fn subscription(dispatch: DispatchMode, batch: Option<usize>) -> Arc<Subscriptio
         plugin: "bench.wasm".into(),
         canary: None,
         start: StartPosition::TrimHorizon,
+        read: ReadMode::Polling,
         poll_idle: Duration::from_millis(200),
         poll_idle_max: Duration::from_secs(1),
         max_reads_per_second: 4.0,

@@ -118,6 +118,12 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
             outputs: false,
         },
         Mode {
+            name: "sequential, fan-out",
+            extra: "read = \"fan_out\"\nconsumer_name = \"bench\"",
+            plugin: guests.noop.clone(),
+            outputs: false,
+        },
+        Mode {
             name: "workers=4 by_key",
             extra: "workers = 4\nby_key = true",
             plugin: guests.noop.clone(),

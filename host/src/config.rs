@@ -356,6 +356,19 @@ pub struct CanaryConfig {
     pub slice: KeySlice,
 }
 
+/// How a subscription reads its shards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadMode {
+    /// GetRecords, within the shard's read budget (`max_reads_per_second`).
+    Polling,
+    /// Enhanced fan-out: SubscribeToShard through this registered stream
+    /// consumer (registered at start-up when missing).
+    FanOut {
+        /// The consumer's name (default: the subscription's name).
+        consumer: String,
+    },
+}
+
 /// One subscription: a stream, a plugin, and how to read.
 #[derive(Debug, Clone)]
 pub struct SubscriptionConfig {
@@ -370,6 +383,8 @@ pub struct SubscriptionConfig {
     pub canary: Option<CanaryConfig>,
     /// Where a shard without a checkpoint starts.
     pub start: StartPosition,
+    /// How shards are read: polling, or enhanced fan-out.
+    pub read: ReadMode,
     /// How long a reader waits after a read that returned no records.
     pub poll_idle: Duration,
     /// The longest wait after empty reads, once a shard has been quiet a

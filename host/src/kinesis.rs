@@ -16,9 +16,15 @@
 //! [`Kinesis::list_shards`] (the lease keeper's shard sync),
 //! [`Kinesis::open_iterator`] and [`Kinesis::get_records`] (shard
 //! readers), [`Kinesis::put_record`] (dead letters) and
-//! [`Kinesis::put_records`] (plugin outputs). Callers that must stop
+//! [`Kinesis::put_records`] (plugin outputs); for enhanced fan-out (in
+//! [`fan_out`]) [`Kinesis::ensure_consumer`], [`Kinesis::subscribe`] and
+//! [`Kinesis::deregister_consumer`]. Callers that must stop
 //! mid-call drop the call's future (e.g. in a `select!` with their cancel
 //! token): cancellation is not an error.
+
+mod fan_out;
+
+pub(crate) use fan_out::ConsumerArn;
 
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
@@ -131,6 +137,25 @@ pub(crate) struct Fetched {
     pub arrival_ms: u64,
     /// The payload.
     pub data: Vec<u8>,
+}
+
+/// A record as the SDK returns it, as the reader takes it.
+///
+/// # Errors
+/// [`KinesisError::Malformed`] when its sequence number is not one.
+fn fetched(r: aws_sdk_kinesis::types::Record) -> Result<Fetched, KinesisError> {
+    Ok(Fetched {
+        sequence: SequenceNumber::parse(&r.sequence_number).map_err(|e| {
+            KinesisError::Malformed(format!("sequence number {:?}: {e}", r.sequence_number))
+        })?,
+        partition_key: PartitionKey::new(r.partition_key.unwrap_or_default()),
+        arrival_ms: r
+            .approximate_arrival_timestamp
+            .and_then(|t| t.to_millis().ok())
+            .and_then(|ms| u64::try_from(ms).ok())
+            .unwrap_or(0),
+        data: r.data.into_inner(),
+    })
 }
 
 /// One GetRecords answer.
@@ -379,23 +404,7 @@ impl Kinesis {
         let records = output
             .records
             .into_iter()
-            .map(|r| {
-                Ok(Fetched {
-                    sequence: SequenceNumber::parse(&r.sequence_number).map_err(|e| {
-                        KinesisError::Malformed(format!(
-                            "sequence number {:?}: {e}",
-                            r.sequence_number
-                        ))
-                    })?,
-                    partition_key: PartitionKey::new(r.partition_key.unwrap_or_default()),
-                    arrival_ms: r
-                        .approximate_arrival_timestamp
-                        .and_then(|t| t.to_millis().ok())
-                        .and_then(|ms| u64::try_from(ms).ok())
-                        .unwrap_or(0),
-                    data: r.data.into_inner(),
-                })
-            })
+            .map(fetched)
             .collect::<Result<_, KinesisError>>()?;
         Ok(Page {
             records,

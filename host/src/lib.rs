@@ -43,7 +43,8 @@
 //!
 //! Around them: [`config`] (the TOML config, validated into types),
 //! [`ids`] (newtypes, sequence-number ordering, the key hash), `kinesis`
-//! (the client, every Kinesis call, a typed error), `files` (bounded reads
+//! (the client, every Kinesis call, a typed error), `kpl` (KPL
+//! de-aggregation), `files` (bounded reads
 //! of regular files only: plugins, the config), `backoff`, `throttle`
 //! (throttle counts) and [`logging`].
 //!
@@ -80,7 +81,7 @@ pub use channel::CHANNEL_CAPACITY;
 pub use dispatch::LANE_INBOX;
 pub use dispatch::routing::lane_for;
 pub use files::MAX_PLUGIN_BYTES;
-pub use supervisor::{LoadedSubscription, load_plugins, run};
+pub use supervisor::{LoadedSubscription, deregister_consumer, load_plugins, run};
 pub use swap::KeySlice;
 
 /// The operations server's limits (see the README's "Operations").

@@ -40,6 +40,16 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Deregister the enhanced fan-out stream consumer of a subscription
+    /// (`read = "fan_out"`); stop every instance reading through it first.
+    DeregisterConsumer {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The subscription's name.
+        #[arg(long, short)]
+        subscription: String,
+    },
     /// Validate a plugin component: print its world and imports.
     Check {
         /// The plugin's .wasm file.
@@ -76,6 +86,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { config, log_format } => run(config, log_format),
         Command::Check { plugin } => check(plugin),
+        Command::DeregisterConsumer {
+            config,
+            subscription,
+        } => deregister_consumer(config, &subscription),
         Command::Validate { config } => validate(config),
         Command::Completions { shell } => {
             let mut cli = <Cli as clap::CommandFactory>::command();
@@ -173,6 +187,22 @@ fn validate(config_path: PathBuf) -> anyhow::Result<()> {
                 canary.slice
             );
         }
+    }
+    Ok(())
+}
+
+fn deregister_consumer(config_path: PathBuf, subscription: &str) -> anyhow::Result<()> {
+    let config = Config::load(&config_path)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let (stream, consumer, existed) =
+        runtime.block_on(shardlane::deregister_consumer(&config, subscription))?;
+    if existed {
+        println!("deregistered stream consumer {consumer:?} of stream {stream:?}");
+    } else {
+        println!("stream {stream:?} has no consumer {consumer:?}: nothing to deregister");
     }
     Ok(())
 }

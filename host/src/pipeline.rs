@@ -45,7 +45,7 @@ use crate::config::{LeaseConfig, SubscriptionConfig};
 use crate::dispatch::Dispatcher;
 use crate::failure::{DeadLetters, Policy};
 use crate::ids::{OwnerId, SubscriptionName};
-use crate::kinesis::Kinesis;
+use crate::kinesis::{ConsumerArn, Kinesis};
 use crate::lease::{ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, Keeper, LeaseStore};
 use crate::outputs::{OutputStage, PUBLISH_QUEUE};
 use crate::reader::ReaderContext;
@@ -62,6 +62,9 @@ pub(crate) struct Parts {
     pub slot: Arc<PluginSlot>,
     /// Kinesis.
     pub kinesis: Kinesis,
+    /// The stream consumer to read through, when reading by enhanced
+    /// fan-out.
+    pub fan_out: Option<ConsumerArn>,
     /// The lease store every subscription of this process shares.
     pub store: Arc<dyn LeaseStore>,
     /// How leases are held.
@@ -97,6 +100,7 @@ impl Pipeline {
             subscription: sub,
             slot,
             kinesis,
+            fan_out,
             store,
             lease,
             owner,
@@ -145,6 +149,7 @@ impl Pipeline {
         );
         let pool = ReaderPool::new(ReaderContext {
             kinesis: kinesis.clone(),
+            fan_out,
             subscription: sub.clone(),
             deliveries: deliveries_tx,
             settlement: settle_tx,

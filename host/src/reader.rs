@@ -34,6 +34,7 @@
 //! a lease that changed hands meanwhile, whichever of its tasks runs first
 //! when it resumes.
 
+mod fan_out;
 mod pace;
 pub(crate) mod pool;
 mod unpack;
@@ -50,7 +51,7 @@ use crate::backoff::Backoff;
 use crate::channel::{Delivery, DeliverySender};
 use crate::config::SubscriptionConfig;
 use crate::ids::{Position, SessionId, ShardId};
-use crate::kinesis::{Fetched, HashKeyRange, Kinesis, KinesisError, ReadFrom};
+use crate::kinesis::{ConsumerArn, Fetched, HashKeyRange, Kinesis, KinesisError, ReadFrom};
 use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
 use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry, spans};
 
@@ -64,6 +65,9 @@ const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(10);
 pub(crate) struct ReaderContext {
     /// Kinesis.
     pub kinesis: Kinesis,
+    /// The stream consumer to subscribe through (enhanced fan-out);
+    /// `None`: poll.
+    pub fan_out: Option<ConsumerArn>,
     /// The subscription.
     pub subscription: Arc<SubscriptionConfig>,
     /// The subscription channel.
@@ -171,12 +175,23 @@ impl Reading {
     }
 }
 
-/// The counter of a shard's GetRecords calls that returned records, or
-/// none (`result`).
+/// The counter of a shard's GetRecords calls (or fan-out events) that
+/// brought records, or none (`result`).
 fn reads(ctx: &ReaderContext, shard: &ShardId, result: &str) -> crate::telemetry::Counter {
+    let (name, help) = if ctx.fan_out.is_some() {
+        (
+            "shardlane_fan_out_events_total",
+            "SubscribeToShard events received, per shard, by whether they brought records (`records`) or none (`empty`).",
+        )
+    } else {
+        (
+            "shardlane_get_records_total",
+            "GetRecords calls that succeeded, per shard, by whether they returned records (`records`) or none (`empty`).",
+        )
+    };
     ctx.telemetry.counter(
-        "shardlane_get_records_total",
-        "GetRecords calls that succeeded, per shard, by whether they returned records (`records`) or none (`empty`).",
+        name,
+        help,
         &[
             ("subscription", ctx.subscription.name.as_str()),
             ("shard_id", shard.as_str()),
@@ -268,6 +283,9 @@ impl ShardReader {
             return ReaderExit::Cancelled;
         }
         let mut reading = Reading::new(&self.ctx, &self.shard);
+        if let Some(consumer) = self.ctx.fan_out.clone() {
+            return self.subscribe_loop(&consumer, &mut reading).await;
+        }
         loop {
             if let Some(next) = reading.pace.next_read()
                 && next > Instant::now()

@@ -20,7 +20,7 @@ use anyhow::Context as _;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, LeaseBackend, OnFailure, SubscriptionConfig, defaults};
+use crate::config::{Config, LeaseBackend, OnFailure, ReadMode, SubscriptionConfig, defaults};
 use crate::ids::{OwnerId, StreamName};
 use crate::kinesis::{self, Kinesis, KinesisError};
 use crate::lease::LeaseStore;
@@ -169,11 +169,21 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let telemetry = Telemetry::new();
     let (plugins, loaded) = load(&config, Some(telemetry.clone()))?;
     let kinesis = Kinesis::connect(&config.aws).await;
+    let mut consumers = BTreeMap::new();
     for (i, sub) in loaded.iter().map(|l| &l.config).enumerate() {
         let context = || format!("subscription[{i}] ({})", sub.name);
         check_stream(&kinesis, &sub.stream, "stream")
             .await
             .with_context(context)?;
+        if let ReadMode::FanOut { consumer } = &sub.read {
+            let arn = kinesis
+                .ensure_consumer(&sub.stream, consumer)
+                .await
+                .map_err(|e| anyhow::anyhow!("consumer_name {consumer:?}: cannot register or use the stream consumer: {e}"))
+                .with_context(context)?;
+            tracing::info!(subscription = %sub.name, consumer = %consumer, arn = %arn.0, "reading by enhanced fan-out");
+            consumers.insert(sub.name.clone(), arn);
+        }
         if let OnFailure::DeadLetter(dlq) = &sub.failure.on_failure {
             check_stream(&kinesis, dlq, "dead_letter_stream")
                 .await
@@ -217,6 +227,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         let slot = Arc::new(slot);
         slots.insert(sub.name.clone(), slot.clone());
         pipelines.push(Pipeline::start(Parts {
+            fan_out: consumers.remove(&sub.name),
             subscription: sub,
             slot,
             kinesis: kinesis.clone(),
@@ -330,4 +341,33 @@ async fn check_stream(kinesis: &Kinesis, stream: &StreamName, key: &str) -> anyh
             }
         }
     }
+}
+
+/// Deregisters the enhanced fan-out consumer of `subscription`
+/// (`shardlane deregister-consumer`): returns the stream, the consumer's
+/// name and whether it existed.
+///
+/// # Errors
+/// When the subscription is not in `config`, does not read by fan-out, or
+/// Kinesis refuses.
+pub async fn deregister_consumer(
+    config: &Config,
+    subscription: &str,
+) -> anyhow::Result<(String, String, bool)> {
+    let sub = config
+        .subscriptions
+        .iter()
+        .find(|s| s.name.as_str() == subscription)
+        .with_context(|| format!("no subscription named {subscription:?} in the config"))?;
+    let ReadMode::FanOut { consumer } = &sub.read else {
+        anyhow::bail!(
+            "subscription {subscription:?} reads by polling (read = \"fan_out\" is not set): it has no stream consumer"
+        );
+    };
+    let kinesis = Kinesis::connect(&config.aws).await;
+    let existed = kinesis
+        .deregister_consumer(&sub.stream, consumer)
+        .await
+        .with_context(|| format!("cannot deregister stream consumer {consumer:?}"))?;
+    Ok((sub.stream.to_string(), consumer.clone(), existed))
 }

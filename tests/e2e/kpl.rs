@@ -35,6 +35,27 @@ fn echoed_data(line: &shardlane_testkit::LogLine) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn user_records_are_handled_once_each_with_their_own_key_and_in_key_order() {
+    handled_once_with_own_keys("read = \"polling\"").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fan_out_user_records_are_handled_once_each_with_their_own_key_and_in_key_order() {
+    handled_once_with_own_keys("read = \"fan_out\"").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill9_inside_an_aggregate_resumes_after_the_last_settled_user_record() {
+    kill9_inside_an_aggregate("read = \"polling\"").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fan_out_kill9_inside_an_aggregate_resumes_after_the_last_settled_user_record() {
+    kill9_inside_an_aggregate("read = \"fan_out\"").await;
+}
+
+/// Every user record once, with its own key, in key order, when reading
+/// with `read` (a config line).
+async fn handled_once_with_own_keys(read: &str) {
     let guests = guests::build().unwrap();
     let kinesis = Kinesis::start().await.unwrap();
     let stream = unique_name("kpl");
@@ -124,7 +145,12 @@ async fn user_records_are_handled_once_each_with_their_own_key_and_in_key_order(
         .await
         .unwrap();
 
-    let cfg = config("kpl", &stream, &guests.echo, "start = \"trim_horizon\"");
+    let cfg = config(
+        "kpl",
+        &stream,
+        &guests.echo,
+        &format!("start = \"trim_horizon\"\n{read}"),
+    );
     let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
     let total = expected.len() + 1;
     host.wait_for(
@@ -208,8 +234,8 @@ async fn user_records_are_handled_once_each_with_their_own_key_and_in_key_order(
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn kill9_inside_an_aggregate_resumes_after_the_last_settled_user_record() {
+/// Kill -9 inside an aggregate with the file store, reading with `read`.
+async fn kill9_inside_an_aggregate(read: &str) {
     let guests = guests::build().unwrap();
     let kinesis = Kinesis::start().await.unwrap();
     let stream = unique_name("kpl-kill");
@@ -239,7 +265,13 @@ async fn kill9_inside_an_aggregate_resumes_after_the_last_settled_user_record() 
 
     let state = tempfile::tempdir().unwrap();
     let with_file_store = |plugin: &std::path::Path| {
-        config("kpl-kill", &stream, plugin, "start = \"trim_horizon\"").replace(
+        config(
+            "kpl-kill",
+            &stream,
+            plugin,
+            &format!("start = \"trim_horizon\"\n{read}"),
+        )
+        .replace(
             "store = \"memory\"",
             &format!("store = \"file\"\npath = \"{}\"", state.path().display()),
         )

@@ -197,7 +197,7 @@ async fn held_counts(dynalite: &Dynalite, table: &str) -> BTreeMap<String, usize
     counts
 }
 
-async fn wait_counts(
+pub(crate) async fn wait_counts(
     dynalite: &Dynalite,
     table: &str,
     want: &[usize],

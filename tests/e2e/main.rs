@@ -15,6 +15,7 @@ mod conformance;
 mod container;
 mod examples;
 mod failures;
+mod fan_out;
 mod faults;
 mod files;
 mod hostile;

@@ -78,6 +78,8 @@ pub(super) struct RawSubscription {
     pub(super) plugin: PathBuf,
     pub(super) canary: Option<RawCanary>,
     pub(super) start: Option<RawStart>,
+    pub(super) read: Option<String>,
+    pub(super) consumer_name: Option<String>,
     pub(super) poll_idle: Option<String>,
     pub(super) poll_idle_max: Option<String>,
     pub(super) max_reads_per_second: Option<f64>,

@@ -425,3 +425,60 @@ fn bad_grants_are_named_on_one_line() {
         assert_eq!(err.lines().count(), 1, "{err}");
     }
 }
+
+#[test]
+fn read_mode_and_budget_take_defaults_and_name_bad_keys() {
+    let sub = &parse(MINIMAL).unwrap().subscriptions[0];
+    assert_eq!(sub.read, ReadMode::Polling);
+    assert_eq!(sub.max_reads_per_second, defaults::MAX_READS_PER_SECOND);
+    assert_eq!(sub.poll_idle_max, defaults::POLL_IDLE_MAX);
+
+    let fan_out = parse(&format!("{MINIMAL}read = \"fan_out\"\n")).unwrap();
+    assert_eq!(
+        fan_out.subscriptions[0].read,
+        ReadMode::FanOut {
+            consumer: "orders-audit".into()
+        },
+        "the consumer is named after the subscription by default"
+    );
+    let named = parse(&format!(
+        "{MINIMAL}read = \"fan_out\"\nconsumer_name = \"app.v2\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        named.subscriptions[0].read,
+        ReadMode::FanOut {
+            consumer: "app.v2".into()
+        }
+    );
+    // A poll_idle above the default cap raises the cap with it.
+    let slow = parse(&format!("{MINIMAL}poll_idle = \"2s\"\n")).unwrap();
+    assert_eq!(slow.subscriptions[0].poll_idle_max, Duration::from_secs(2));
+    let fractional = parse(&format!("{MINIMAL}max_reads_per_second = 0.5\n")).unwrap();
+    assert_eq!(fractional.subscriptions[0].max_reads_per_second, 0.5);
+
+    for (line, key) in [
+        ("read = \"push\"", "subscription[0].read"),
+        ("consumer_name = \"x\"", "subscription[0].consumer_name"),
+        (
+            "read = \"fan_out\"\nconsumer_name = \"has space\"",
+            "subscription[0].consumer_name",
+        ),
+        (
+            "max_reads_per_second = 0",
+            "subscription[0].max_reads_per_second",
+        ),
+        (
+            "max_reads_per_second = -1",
+            "subscription[0].max_reads_per_second",
+        ),
+        (
+            "poll_idle = \"2s\"\npoll_idle_max = \"1s\"",
+            "subscription[0].poll_idle_max",
+        ),
+    ] {
+        let err = parse(&format!("{MINIMAL}{line}\n")).unwrap_err();
+        assert!(err.contains(key), "{line}: {err}");
+        assert!(!err.contains('\n'), "one line: {err}");
+    }
+}

@@ -11,9 +11,9 @@
 //! A stop names the reader session it is for: a stop of a lease lost and
 //! since taken again leaves the new session's reader alone.
 //!
-//! Readers are of one kind today, [`ShardReader`] (GetRecords polling); a
-//! second kind (enhanced fan-out) is started from [`ReaderPool::start`] the
-//! same way, behind the same assignment.
+//! A [`ShardReader`] reads by GetRecords polling, or by enhanced fan-out
+//! when the subscription has a stream consumer (`ReaderContext::fan_out`):
+//! the same task, settlement and fencing either way.
 
 use std::collections::HashMap;
 

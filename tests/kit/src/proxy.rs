@@ -60,6 +60,10 @@ pub struct Faults {
     pub delay: Duration,
     /// Requests for this operation get this error instead of an answer.
     pub inject: Option<Injection>,
+    /// A forwarded answer still streaming after this long is cut (the
+    /// connection closed mid-answer): how a long-lived answer such as a
+    /// SubscribeToShard event stream ends without warning.
+    pub cut_after: Option<Duration>,
 }
 
 /// A running fault proxy; stops when dropped.
@@ -236,8 +240,21 @@ async fn handle(
     forwarded.fetch_add(1, Ordering::Relaxed);
     server.write_all(&close_after(&head)).await?;
     server.write_all(&body).await?;
-    tokio::io::copy(&mut server, &mut client).await?;
-    client.shutdown().await?;
+    match faults.cut_after {
+        Some(after) => {
+            // Elapsed: both connections are dropped mid-answer.
+            if let Ok(copied) =
+                tokio::time::timeout(after, tokio::io::copy(&mut server, &mut client)).await
+            {
+                copied?;
+                client.shutdown().await?;
+            }
+        }
+        None => {
+            tokio::io::copy(&mut server, &mut client).await?;
+            client.shutdown().await?;
+        }
+    }
     Ok(())
 }
 

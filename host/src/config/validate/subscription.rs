@@ -10,7 +10,8 @@ use super::super::raw::{
 };
 use super::super::{
     BatchConfig, CanaryConfig, ConfigError, DispatchMode, FailurePolicy, Grants, HttpDestination,
-    HttpGrant, OnFailure, Preopen, SandboxConfig, StartPosition, SubscriptionConfig, defaults,
+    HttpGrant, OnFailure, Preopen, ReadMode, SandboxConfig, StartPosition, SubscriptionConfig,
+    defaults,
 };
 use super::Validator;
 use crate::ids::{StreamName, SubscriptionName};
@@ -49,6 +50,7 @@ impl Subscription<'_, '_> {
         let start = self.start(sub.start.as_ref())?;
         let read_limit = self.read_limit(sub.read_limit)?;
         let (poll_idle, poll_idle_max, max_reads_per_second) = self.read_budget(&sub)?;
+        let read = self.read_mode(&sub)?;
         let (retry_backoff_initial, retry_backoff_max) =
             self.retry_backoff(sub.retry_backoff.as_ref())?;
         let dispatch = self.dispatch(sub.workers, sub.by_key)?;
@@ -66,6 +68,7 @@ impl Subscription<'_, '_> {
             stream: StreamName::new(sub.stream),
             plugin: sub.plugin,
             start,
+            read,
             poll_idle,
             poll_idle_max,
             max_reads_per_second,
@@ -115,6 +118,42 @@ impl Subscription<'_, '_> {
                 StartPosition::AtTimestamp(ts)
             }
         })
+    }
+
+    /// `read` and `consumer_name`.
+    fn read_mode(&self, sub: &RawSubscription) -> Result<ReadMode, ConfigError> {
+        match sub.read.as_deref() {
+            None | Some("polling") => {
+                if sub.consumer_name.is_some() {
+                    return Err(self.invalid(
+                        "consumer_name",
+                        "is for enhanced fan-out: set read = \"fan_out\" too, or remove it",
+                    ));
+                }
+                Ok(ReadMode::Polling)
+            }
+            Some("fan_out") => {
+                let consumer = sub
+                    .consumer_name
+                    .clone()
+                    .unwrap_or_else(|| sub.name.clone());
+                let valid = (1..=128).contains(&consumer.len())
+                    && consumer
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+                if !valid {
+                    return Err(self.invalid(
+                        "consumer_name",
+                        format!("{consumer:?} is not a stream consumer name: 1 to 128 letters, digits, '_', '.' or '-' (it defaults to the subscription's name)"),
+                    ));
+                }
+                Ok(ReadMode::FanOut { consumer })
+            }
+            Some(other) => Err(self.invalid(
+                "read",
+                format!("{other:?} is not a way to read; use \"polling\" (default) or \"fan_out\""),
+            )),
+        }
     }
 
     /// `poll_idle`, `poll_idle_max` (at least `poll_idle`; by default the

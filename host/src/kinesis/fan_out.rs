@@ -1,0 +1,279 @@
+//! Enhanced fan-out: the stream consumer a subscription reads through
+//! (registered at start-up when missing, waited on until ACTIVE), and
+//! `SubscribeToShard` event streams, one per leased shard.
+//!
+//! A subscription pushes a [`FanOutEvent`] about once a second (records,
+//! the continuation sequence number, how far behind the tip it is) for up
+//! to five minutes, then ends; the reader subscribes again from where it
+//! got to. Nothing is read ahead: the reader takes the next event only
+//! once the previous one's records are in the subscription channel, so a
+//! full channel holds the subscription (the HTTP connection's flow control
+//! holds Kinesis back).
+
+use std::time::Duration;
+
+use aws_sdk_kinesis::types::{ConsumerStatus, ShardIteratorType, StartingPosition};
+
+use super::{Fetched, Kinesis, KinesisError, ReadFrom, classify, fetched};
+use crate::config::StartPosition;
+use crate::ids::{SequenceNumber, ShardId, StreamName};
+
+/// How long start-up waits for a new consumer to become ACTIVE.
+const CONSUMER_ACTIVE_WITHIN: Duration = Duration::from_secs(120);
+
+/// A registered stream consumer's ARN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConsumerArn(pub String);
+
+/// One event of a shard subscription.
+#[derive(Debug)]
+pub(crate) struct FanOutEvent {
+    /// The records, in shard order.
+    pub records: Vec<Fetched>,
+    /// Where a new subscription continues after this event; `None` at the
+    /// end of a closed shard.
+    pub continuation: Option<SequenceNumber>,
+    /// How far behind the shard's tip this event was.
+    pub millis_behind: u64,
+    /// The shard is closed and this event was its last.
+    pub shard_ended: bool,
+}
+
+/// A running `SubscribeToShard` (module docs). Dropping it ends it.
+pub(crate) struct Subscription {
+    /// Its `event_stream` receives the events.
+    output: aws_sdk_kinesis::operation::subscribe_to_shard::SubscribeToShardOutput,
+}
+
+impl Subscription {
+    /// The next event; `None` when the subscription ended (after about
+    /// five minutes, or when Kinesis closed it).
+    ///
+    /// # Errors
+    /// The connection failed or Kinesis sent an error event.
+    pub(crate) async fn next(&mut self) -> Result<Option<FanOutEvent>, KinesisError> {
+        use aws_sdk_kinesis::types::SubscribeToShardEventStream as Stream;
+        loop {
+            let event = self.output.event_stream.recv().await.map_err(|e| {
+                KinesisError::Failed(aws_sdk_kinesis::error::DisplayErrorContext(&e).to_string())
+            })?;
+            let event = match event {
+                None => return Ok(None),
+                Some(Stream::SubscribeToShardEvent(event)) => event,
+                // A kind of event this SDK does not know: skip it.
+                Some(_) => continue,
+            };
+            let continuation = Some(event.continuation_sequence_number.as_str())
+                .filter(|c| !c.is_empty())
+                .map(|c| {
+                    SequenceNumber::parse(c).map_err(|e| {
+                        KinesisError::Malformed(format!("continuation sequence number {c:?}: {e}"))
+                    })
+                })
+                .transpose()?;
+            let shard_ended = continuation.is_none()
+                && event.child_shards.as_ref().is_some_and(|c| !c.is_empty());
+            return Ok(Some(FanOutEvent {
+                records: event
+                    .records
+                    .into_iter()
+                    .map(fetched)
+                    .collect::<Result<_, _>>()?,
+                continuation,
+                millis_behind: u64::try_from(event.millis_behind_latest).unwrap_or(0),
+                shard_ended,
+            }));
+        }
+    }
+}
+
+impl Kinesis {
+    /// The stream's ARN (DescribeStreamSummary).
+    async fn stream_arn(&self, stream: &StreamName) -> Result<String, KinesisError> {
+        let out = self
+            .client
+            .describe_stream_summary()
+            .stream_name(stream.as_str())
+            .send()
+            .await
+            .map_err(|e| {
+                classify(e, |s| {
+                    s.is_resource_not_found_exception()
+                        .then(|| KinesisError::NotFound(stream.to_string()))
+                })
+            })?;
+        out.stream_description_summary()
+            .map(|s| s.stream_arn().to_owned())
+            .ok_or_else(|| {
+                KinesisError::Malformed("DescribeStreamSummary without a summary".into())
+            })
+    }
+
+    /// The consumer `name` of `stream`: registered when missing
+    /// (RegisterStreamConsumer), then waited on until ACTIVE
+    /// (DescribeStreamConsumer).
+    ///
+    /// # Errors
+    /// When it cannot be registered or does not become ACTIVE in time.
+    pub(crate) async fn ensure_consumer(
+        &self,
+        stream: &StreamName,
+        name: &str,
+    ) -> Result<ConsumerArn, KinesisError> {
+        let stream_arn = self.stream_arn(stream).await?;
+        let deadline = tokio::time::Instant::now() + CONSUMER_ACTIVE_WITHIN;
+        let mut registered = false;
+        loop {
+            let described = self
+                .client
+                .describe_stream_consumer()
+                .stream_arn(&stream_arn)
+                .consumer_name(name)
+                .send()
+                .await;
+            match described {
+                Ok(out) => {
+                    let Some(consumer) = out.consumer_description() else {
+                        return Err(KinesisError::Malformed(
+                            "DescribeStreamConsumer without a description".into(),
+                        ));
+                    };
+                    match consumer.consumer_status() {
+                        ConsumerStatus::Active => {
+                            return Ok(ConsumerArn(consumer.consumer_arn().to_owned()));
+                        }
+                        status => {
+                            tracing::info!(stream = %stream, consumer = name, ?status, "waiting for the stream consumer to become ACTIVE");
+                        }
+                    }
+                }
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|s| s.is_resource_not_found_exception())
+                        && !registered =>
+                {
+                    tracing::info!(stream = %stream, consumer = name, "registering the stream consumer");
+                    self.client
+                        .register_stream_consumer()
+                        .stream_arn(&stream_arn)
+                        .consumer_name(name)
+                        .send()
+                        .await
+                        .map(drop)
+                        .or_else(|e| match e.as_service_error() {
+                            // Registered meanwhile by another instance.
+                            Some(s) if s.is_resource_in_use_exception() => Ok(()),
+                            _ => Err(classify(e, |s| {
+                                s.is_limit_exceeded_exception()
+                                    .then(|| KinesisError::Throttled(s.to_string()))
+                            })),
+                        })?;
+                    registered = true;
+                }
+                Err(e) => {
+                    let e = classify(e, |s| {
+                        s.is_limit_exceeded_exception()
+                            .then(|| KinesisError::Throttled(s.to_string()))
+                    });
+                    if !matches!(e, KinesisError::Throttled(_)) && !registered {
+                        return Err(e);
+                    }
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(KinesisError::Failed(format!(
+                    "stream consumer {name:?} did not become ACTIVE within {CONSUMER_ACTIVE_WITHIN:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Deregisters the consumer `name` of `stream`
+    /// (DeregisterStreamConsumer). True when it existed.
+    ///
+    /// # Errors
+    /// When Kinesis refuses or cannot be reached.
+    pub(crate) async fn deregister_consumer(
+        &self,
+        stream: &StreamName,
+        name: &str,
+    ) -> Result<bool, KinesisError> {
+        let stream_arn = self.stream_arn(stream).await?;
+        match self
+            .client
+            .deregister_stream_consumer()
+            .stream_arn(&stream_arn)
+            .consumer_name(name)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(classify(e, |_| None)),
+        }
+    }
+
+    /// Subscribes to `shard` through `consumer` (SubscribeToShard), from
+    /// `from`; returns once the subscription has answered.
+    ///
+    /// # Errors
+    /// [`KinesisError::Throttled`] for `LimitExceededException` and for
+    /// `ResourceInUseException` (another subscription of this consumer to
+    /// the shard is still open, e.g. of the instance that held the lease
+    /// before): both are worth trying again after a backoff.
+    pub(crate) async fn subscribe(
+        &self,
+        consumer: &ConsumerArn,
+        shard: &ShardId,
+        from: &ReadFrom,
+    ) -> Result<Subscription, KinesisError> {
+        let position = match from {
+            ReadFrom::After(position) => StartingPosition::builder()
+                .r#type(if position.sub().is_some() {
+                    ShardIteratorType::AtSequenceNumber
+                } else {
+                    ShardIteratorType::AfterSequenceNumber
+                })
+                .sequence_number(position.sequence().as_str()),
+            ReadFrom::Start(StartPosition::Latest) => {
+                StartingPosition::builder().r#type(ShardIteratorType::Latest)
+            }
+            ReadFrom::Start(StartPosition::TrimHorizon) => {
+                StartingPosition::builder().r#type(ShardIteratorType::TrimHorizon)
+            }
+            ReadFrom::Start(StartPosition::AtTimestamp(at)) => StartingPosition::builder()
+                .r#type(ShardIteratorType::AtTimestamp)
+                .timestamp(aws_smithy_types::DateTime::from(*at)),
+        }
+        .build()
+        .map_err(|e| KinesisError::Refused(e.to_string()))?;
+        let out = self
+            .client
+            .subscribe_to_shard()
+            .consumer_arn(&consumer.0)
+            .shard_id(shard.as_str())
+            .starting_position(position)
+            .send()
+            .await
+            .map_err(|e| {
+                classify(e, |s| {
+                    if s.is_limit_exceeded_exception() || s.is_resource_in_use_exception() {
+                        Some(KinesisError::Throttled(s.to_string()))
+                    } else if s.is_resource_not_found_exception() {
+                        Some(KinesisError::NotFound(s.to_string()))
+                    } else if s.is_invalid_argument_exception() {
+                        Some(KinesisError::Refused(s.to_string()))
+                    } else {
+                        None
+                    }
+                })
+            })?;
+        Ok(Subscription { output: out })
+    }
+}

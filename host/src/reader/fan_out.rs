@@ -1,0 +1,134 @@
+//! The enhanced fan-out kind of shard reader: the same [`ShardReader`]
+//! (settlement, lease validity, KPL de-aggregation, the channel), fed by a
+//! `SubscribeToShard` event stream instead of GetRecords polling.
+//!
+//! Loop: subscribe from the reader's position (after the last record
+//! handed out, or the checkpoint, or the start position); take events one
+//! at a time, handing each one's records out before taking the next (a full
+//! channel holds the subscription; nothing is buffered beyond one event);
+//! after each event the position moves to its continuation sequence number.
+//! A subscription that ends (Kinesis ends each after five minutes), fails,
+//! or sends nothing for [`EVENT_TIMEOUT`] is replaced by a new one from the
+//! position; `ResourceInUseException` (the previous owner's subscription
+//! is still open) and `LimitExceededException` back off and retry. An event
+//! with no continuation and child shards ends the shard. Cancelling the
+//! reader (lease lost, handed over, shutdown) drops the subscription, which
+//! closes its connection.
+
+use std::time::Duration;
+
+use super::{ReaderExit, Reading, ShardReader};
+use crate::ids::Position;
+use crate::kinesis::{ConsumerArn, KinesisError, ReadFrom};
+use crate::settlement::SettlementMsg;
+
+/// A subscription that sends no event for this long is replaced (Kinesis
+/// sends one at least every few seconds, with or without records).
+const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl ShardReader {
+    /// Reads the shard through `consumer` until cancelled or the shard
+    /// ends (module docs).
+    pub(super) async fn subscribe_loop(
+        &mut self,
+        consumer: &ConsumerArn,
+        reading: &mut Reading,
+    ) -> ReaderExit {
+        let sub = self.ctx.subscription.name.clone();
+        loop {
+            if self.lease_valid().await.is_none() {
+                return ReaderExit::Cancelled;
+            }
+            let subscribe = self
+                .ctx
+                .kinesis
+                .subscribe(consumer, &self.shard, &self.position);
+            let subscribed = tokio::select! {
+                _ = self.cancel.cancelled() => return ReaderExit::Cancelled,
+                r = subscribe => r,
+            };
+            let mut subscription = match subscribed {
+                Ok(s) => s,
+                Err(e) => {
+                    let wait = reading.backoff.next_wait();
+                    if let KinesisError::Throttled(_) = e {
+                        reading.throttles.inc();
+                    }
+                    tracing::warn!(subscription = %sub, shard_id = %self.shard, error = %e, ?wait, "cannot subscribe to the shard; retrying");
+                    if self.sleep(wait).await.is_err() {
+                        return ReaderExit::Cancelled;
+                    }
+                    continue;
+                }
+            };
+            self.skip_through = match &self.position {
+                ReadFrom::After(p) if p.sub().is_some() => Some(p.clone()),
+                _ => None,
+            };
+            tracing::info!(subscription = %sub, shard_id = %self.shard, position = ?self.position, "subscribed to the shard");
+            self.ctx.status.reader_positioned(&self.shard);
+            loop {
+                let next = tokio::select! {
+                    _ = self.cancel.cancelled() => return ReaderExit::Cancelled,
+                    _ = tokio::time::sleep(EVENT_TIMEOUT) => {
+                        tracing::warn!(subscription = %sub, shard_id = %self.shard, timeout = ?EVENT_TIMEOUT, "no event from the shard subscription; subscribing again");
+                        break;
+                    }
+                    e = subscription.next() => e,
+                };
+                let event = match next {
+                    Ok(Some(event)) => event,
+                    Ok(None) => {
+                        tracing::debug!(subscription = %sub, shard_id = %self.shard, "shard subscription ended; subscribing again");
+                        break;
+                    }
+                    Err(KinesisError::Malformed(e)) => {
+                        tracing::error!(subscription = %sub, shard_id = %self.shard, error = %e, "bad sequence number from Kinesis; reader stops");
+                        return ReaderExit::Cancelled;
+                    }
+                    Err(e) => {
+                        let wait = reading.backoff.next_wait();
+                        tracing::warn!(subscription = %sub, shard_id = %self.shard, error = %e, ?wait, "shard subscription failed; subscribing again");
+                        if self.sleep(wait).await.is_err() {
+                            return ReaderExit::Cancelled;
+                        }
+                        break;
+                    }
+                };
+                reading.backoff.reset();
+                reading.behind.set(event.millis_behind);
+                self.ctx.status.lag(&self.shard, event.millis_behind);
+                if event.records.is_empty() {
+                    reading.reads_empty.inc();
+                } else {
+                    reading.reads_with_records.inc();
+                    if !self.hand_out(event.records, reading).await {
+                        return ReaderExit::Cancelled;
+                    }
+                }
+                if let Some(continuation) = event.continuation {
+                    let next = Position::whole(continuation);
+                    let ahead = match &self.position {
+                        ReadFrom::After(p) => &next > p,
+                        ReadFrom::Start(_) => true,
+                    };
+                    if ahead && self.skip_through.is_none() {
+                        self.position = ReadFrom::After(next);
+                    }
+                }
+                if event.shard_ended {
+                    tracing::info!(subscription = %sub, shard_id = %self.shard, "shard read to its end");
+                    let end = SettlementMsg::End {
+                        shard: self.shard.clone(),
+                        session: self.session,
+                    };
+                    return if self.send_settlement(end).await {
+                        ReaderExit::ShardEnd
+                    } else {
+                        ReaderExit::Cancelled
+                    };
+                }
+            }
+        }
+    }
+}
