@@ -656,6 +656,16 @@ async fn a_paused_instance_is_fenced_out_when_it_resumes() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn resharding_keeps_every_keys_order_across_parents_and_children() {
+    resharding_keeps_order("").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fan_out_resharding_keeps_every_keys_order_across_parents_and_children() {
+    resharding_keeps_order("read = \"fan_out\"").await;
+}
+
+/// Split and merge under load, read with `read` (a config line, or none).
+async fn resharding_keeps_order(read: &str) {
     let guests = guests::build().unwrap();
     let kinesis = Kinesis::start().await.unwrap();
     let stream = unique_name("reshard");
@@ -683,6 +693,7 @@ checkpoint_every = "200ms"
 workers = 4
 by_key = true
 log_rate = 1000000
+{read}
 "#,
         state.path().display(),
         guests.retry.display()

@@ -63,28 +63,36 @@ impl Subscription {
                 // A kind of event this SDK does not know: skip it.
                 Some(_) => continue,
             };
-            let continuation = Some(event.continuation_sequence_number.as_str())
-                .filter(|c| !c.is_empty())
-                .map(|c| {
-                    SequenceNumber::parse(c).map_err(|e| {
-                        KinesisError::Malformed(format!("continuation sequence number {c:?}: {e}"))
-                    })
-                })
-                .transpose()?;
-            let shard_ended = continuation.is_none()
-                && event.child_shards.as_ref().is_some_and(|c| !c.is_empty());
-            return Ok(Some(FanOutEvent {
-                records: event
-                    .records
-                    .into_iter()
-                    .map(fetched)
-                    .collect::<Result<_, _>>()?,
-                continuation,
-                millis_behind: u64::try_from(event.millis_behind_latest).unwrap_or(0),
-                shard_ended,
-            }));
+            return convert(event).map(Some);
         }
     }
+}
+
+/// An SDK event as the reader takes it: the end of a closed shard is an
+/// event without a continuation that names child shards.
+fn convert(
+    event: aws_sdk_kinesis::types::SubscribeToShardEvent,
+) -> Result<FanOutEvent, KinesisError> {
+    let continuation = Some(event.continuation_sequence_number.as_str())
+        .filter(|c| !c.is_empty())
+        .map(|c| {
+            SequenceNumber::parse(c).map_err(|e| {
+                KinesisError::Malformed(format!("continuation sequence number {c:?}: {e}"))
+            })
+        })
+        .transpose()?;
+    let shard_ended =
+        continuation.is_none() && event.child_shards.as_ref().is_some_and(|c| !c.is_empty());
+    Ok(FanOutEvent {
+        records: event
+            .records
+            .into_iter()
+            .map(fetched)
+            .collect::<Result<_, _>>()?,
+        continuation,
+        millis_behind: u64::try_from(event.millis_behind_latest).unwrap_or(0),
+        shard_ended,
+    })
 }
 
 impl Kinesis {
@@ -275,5 +283,76 @@ impl Kinesis {
                 })
             })?;
         Ok(Subscription { output: out })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_kinesis::primitives::Blob;
+    use aws_sdk_kinesis::types::{ChildShard, HashKeyRange, Record, SubscribeToShardEvent};
+
+    use super::*;
+
+    fn event(continuation: &str, children: Option<Vec<ChildShard>>) -> SubscribeToShardEvent {
+        SubscribeToShardEvent::builder()
+            .set_records(Some(vec![
+                Record::builder()
+                    .sequence_number("42")
+                    .partition_key("k")
+                    .data(Blob::new(b"x".to_vec()))
+                    .build()
+                    .unwrap(),
+            ]))
+            .continuation_sequence_number(continuation)
+            .millis_behind_latest(7)
+            .set_child_shards(children)
+            .build()
+            .unwrap()
+    }
+
+    fn child() -> ChildShard {
+        ChildShard::builder()
+            .shard_id("shardId-000000000002")
+            .parent_shards("shardId-000000000000")
+            .hash_key_range(
+                HashKeyRange::builder()
+                    .starting_hash_key("0")
+                    .ending_hash_key("1")
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn an_event_with_a_continuation_goes_on() {
+        let e = convert(event("43", None)).unwrap();
+        assert_eq!(e.records.len(), 1);
+        assert_eq!(e.continuation, Some(SequenceNumber::parse("43").unwrap()));
+        assert_eq!(e.millis_behind, 7);
+        assert!(!e.shard_ended);
+    }
+
+    #[test]
+    fn no_continuation_and_child_shards_end_the_shard() {
+        let e = convert(event("", Some(vec![child()]))).unwrap();
+        assert!(e.shard_ended);
+        assert_eq!(e.continuation, None);
+        assert_eq!(e.records.len(), 1, "the last records still come");
+        // Child shards with a continuation (a resharding in progress) do not.
+        assert!(
+            !convert(event("43", Some(vec![child()])))
+                .unwrap()
+                .shard_ended
+        );
+    }
+
+    #[test]
+    fn a_bad_continuation_is_malformed() {
+        assert!(matches!(
+            convert(event("12x", None)),
+            Err(KinesisError::Malformed(_))
+        ));
     }
 }

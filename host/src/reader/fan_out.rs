@@ -10,8 +10,15 @@
 //! A subscription that ends (Kinesis ends each after five minutes), fails,
 //! or sends nothing for [`EVENT_TIMEOUT`] is replaced by a new one from the
 //! position; `ResourceInUseException` (the previous owner's subscription
-//! is still open) and `LimitExceededException` back off and retry. An event
-//! with no continuation and child shards ends the shard. Cancelling the
+//! is still open) and `LimitExceededException` back off and retry.
+//!
+//! The end of a closed shard: Kinesis sends a last event with no
+//! continuation and the child shards. Not every service does (kinesis-local
+//! keeps sending empty events with a continuation), so after [`PROBE_AFTER`]
+//! of events without records the reader also asks GetRecords once, after
+//! its position: an answer with no next iterator (and no records) means the
+//! shard is closed and read to its end. Two calls per quiet shard per
+//! [`PROBE_AFTER`], well within any read budget. Cancelling the
 //! reader (lease lost, handed over, shutdown) drops the subscription, which
 //! closes its connection.
 
@@ -25,6 +32,9 @@ use crate::settlement::SettlementMsg;
 /// A subscription that sends no event for this long is replaced (Kinesis
 /// sends one at least every few seconds, with or without records).
 const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// After this long without records, the reader checks whether the shard
+/// has ended (module docs).
+const PROBE_AFTER: Duration = Duration::from_secs(10);
 
 impl ShardReader {
     /// Reads the shard through `consumer` until cancelled or the shard
@@ -67,6 +77,7 @@ impl ShardReader {
             };
             tracing::info!(subscription = %sub, shard_id = %self.shard, position = ?self.position, "subscribed to the shard");
             self.ctx.status.reader_positioned(&self.shard);
+            let mut quiet_since = tokio::time::Instant::now();
             loop {
                 let next = tokio::select! {
                     _ = self.cancel.cancelled() => return ReaderExit::Cancelled,
@@ -101,6 +112,7 @@ impl ShardReader {
                 if event.records.is_empty() {
                     reading.reads_empty.inc();
                 } else {
+                    quiet_since = tokio::time::Instant::now();
                     reading.reads_with_records.inc();
                     if !self.hand_out(event.records, reading).await {
                         return ReaderExit::Cancelled;
@@ -116,7 +128,12 @@ impl ShardReader {
                         self.position = ReadFrom::After(next);
                     }
                 }
-                if event.shard_ended {
+                let mut ended = event.shard_ended;
+                if !ended && quiet_since.elapsed() >= PROBE_AFTER {
+                    quiet_since = tokio::time::Instant::now();
+                    ended = self.probe_end().await;
+                }
+                if ended {
                     tracing::info!(subscription = %sub, shard_id = %self.shard, "shard read to its end");
                     let end = SettlementMsg::End {
                         shard: self.shard.clone(),
@@ -128,6 +145,35 @@ impl ShardReader {
                         ReaderExit::Cancelled
                     };
                 }
+            }
+        }
+    }
+
+    /// Whether the shard is closed and read to its end: one GetRecords
+    /// after the reader's position (module docs). False when it cannot
+    /// say (a failed call, a position inside an aggregate or not yet
+    /// known).
+    async fn probe_end(&self) -> bool {
+        if self.skip_through.is_some() || !matches!(self.position, ReadFrom::After(_)) {
+            return false;
+        }
+        let probe = async {
+            let iterator = self
+                .ctx
+                .kinesis
+                .open_iterator(&self.ctx.subscription.stream, &self.shard, &self.position)
+                .await?;
+            self.ctx.kinesis.get_records(&iterator, 1).await
+        };
+        let page = tokio::select! {
+            _ = self.cancel.cancelled() => return false,
+            page = probe => page,
+        };
+        match page {
+            Ok(page) => page.records.is_empty() && page.next_iterator.is_none(),
+            Err(e) => {
+                tracing::debug!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %e, "cannot check whether the shard ended; will ask again");
+                false
             }
         }
     }
