@@ -118,7 +118,7 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
             outputs: false,
         },
         Mode {
-            name: "sequential, fan-out",
+            name: "fan-out",
             extra: "read = \"fan_out\"\nconsumer_name = \"bench\"",
             plugin: guests.noop.clone(),
             outputs: false,

@@ -92,7 +92,10 @@ start = "latest"
         |lines| {
             lines
                 .iter()
-                .filter(|l| l["message"] == "shard iterator opened")
+                .filter(|l| {
+                    l["message"] == "shard iterator opened"
+                        || l["message"] == "subscribed to the shard"
+                })
                 .count()
                 >= SHARDS as usize
         },

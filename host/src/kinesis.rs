@@ -126,6 +126,40 @@ pub enum ReadFrom {
     Start(StartPosition),
 }
 
+impl ReadFrom {
+    /// Where GetShardIterator and SubscribeToShard start: the iterator
+    /// type, with its sequence number or timestamp. Inside a KPL aggregate
+    /// that is *at* its sequence number (the reader skips what settled).
+    fn starting(
+        &self,
+    ) -> (
+        ShardIteratorType,
+        Option<String>,
+        Option<aws_smithy_types::DateTime>,
+    ) {
+        match self {
+            ReadFrom::After(position) => (
+                if position.sub().is_some() {
+                    ShardIteratorType::AtSequenceNumber
+                } else {
+                    ShardIteratorType::AfterSequenceNumber
+                },
+                Some(position.sequence().as_str().to_owned()),
+                None,
+            ),
+            ReadFrom::Start(StartPosition::Latest) => (ShardIteratorType::Latest, None, None),
+            ReadFrom::Start(StartPosition::TrimHorizon) => {
+                (ShardIteratorType::TrimHorizon, None, None)
+            }
+            ReadFrom::Start(StartPosition::AtTimestamp(at)) => (
+                ShardIteratorType::AtTimestamp,
+                None,
+                Some(aws_smithy_types::DateTime::from(*at)),
+            ),
+        }
+    }
+}
+
 /// One record as GetRecords returned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Fetched {
@@ -329,25 +363,11 @@ impl Kinesis {
             .get_shard_iterator()
             .stream_name(stream.as_str())
             .shard_id(shard.as_str());
-        let request = match from {
-            ReadFrom::After(position) => match position.sub() {
-                None => request
-                    .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
-                    .starting_sequence_number(position.sequence().as_str()),
-                Some(_) => request
-                    .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
-                    .starting_sequence_number(position.sequence().as_str()),
-            },
-            ReadFrom::Start(StartPosition::Latest) => {
-                request.shard_iterator_type(ShardIteratorType::Latest)
-            }
-            ReadFrom::Start(StartPosition::TrimHorizon) => {
-                request.shard_iterator_type(ShardIteratorType::TrimHorizon)
-            }
-            ReadFrom::Start(StartPosition::AtTimestamp(at)) => request
-                .shard_iterator_type(ShardIteratorType::AtTimestamp)
-                .timestamp(aws_smithy_types::DateTime::from(*at)),
-        };
+        let (kind, sequence, timestamp) = from.starting();
+        let request = request
+            .shard_iterator_type(kind)
+            .set_starting_sequence_number(sequence)
+            .set_timestamp(timestamp);
         let output = request.send().await.map_err(|e| {
             classify(e, |s| {
                 if s.is_provisioned_throughput_exceeded_exception() {

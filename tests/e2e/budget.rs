@@ -10,24 +10,12 @@ use shardlane_testkit::admin::metric_sum;
 use shardlane_testkit::proxy::{FaultProxy, Faults, Injection};
 use shardlane_testkit::{HostProcess, Kinesis, guests, unique_name};
 
-use crate::common::{admin_addr, config, field, http, shardlane_bin};
+use crate::common::{admin_addr, config, field, http, shardlane_bin, wait_positioned};
 
 /// Successful GetRecords calls so far, over every shard.
 fn reads(admin: &str) -> f64 {
     let (_, metrics) = http(admin, "GET", "/metrics", None, b"");
     metric_sum(&metrics, "shardlane_get_records_total", &[])
-}
-
-async fn positioned(host: &mut HostProcess, shards: usize) {
-    host.wait_for("readers positioned", Duration::from_secs(60), |lines| {
-        lines
-            .iter()
-            .filter(|l| field(l, "message") == "shard iterator opened")
-            .count()
-            >= shards
-    })
-    .await
-    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -39,7 +27,7 @@ async fn idle_shards_are_read_within_the_budget() {
     // poll_idle alone would read each shard 20 times a second.
     let cfg = config("budget", &stream, &guests.echo, "max_reads_per_second = 2");
     let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
-    positioned(&mut host, 2).await;
+    wait_positioned(&mut host, 2).await;
     let admin = admin_addr(&host);
     let before = reads(&admin);
     let window = Duration::from_secs(4);
@@ -78,7 +66,7 @@ async fn throttling_lowers_a_shards_read_rate() {
         &[("AWS_ENDPOINT_URL_KINESIS", &proxy.endpoint())],
     )
     .unwrap();
-    positioned(&mut host, 1).await;
+    wait_positioned(&mut host, 1).await;
     let admin = admin_addr(&host);
 
     // Unthrottled: about 20 reads a second (poll_idle 50 ms, budget 20).

@@ -112,3 +112,21 @@ pub async fn wait_checkpoint(host: &mut HostProcess, what: &str, at: &str, withi
     .await
     .unwrap();
 }
+
+/// Waits until the host has positioned a reader on `shards` shards: an
+/// iterator opened (polling) or a subscription made (fan-out). Records put
+/// after that are seen even at `latest`.
+pub async fn wait_positioned(host: &mut HostProcess, shards: usize) {
+    host.wait_for("readers positioned", Duration::from_secs(60), |lines| {
+        lines
+            .iter()
+            .filter(|l| {
+                let message = field(l, "message");
+                message == "shard iterator opened" || message == "subscribed to the shard"
+            })
+            .count()
+            >= shards
+    })
+    .await
+    .unwrap();
+}

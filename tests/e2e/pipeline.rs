@@ -8,21 +8,8 @@ use shardlane_testkit::{HostProcess, Kinesis, guests, unique_name};
 
 use crate::common::{
     config, field, guest_lines, seq_key, sequences_by_shard, shardlane_bin, subscription,
+    wait_positioned,
 };
-
-/// Waits until the host has opened an iterator on `shards` shards (records
-/// put after that are seen even at `latest`).
-async fn wait_positioned(host: &mut HostProcess, shards: usize) {
-    host.wait_for("readers positioned", Duration::from_secs(60), |lines| {
-        lines
-            .iter()
-            .filter(|l| field(l, "message") == "shard iterator opened")
-            .count()
-            >= shards
-    })
-    .await
-    .unwrap();
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn four_shards_all_records_handled_each_shard_in_order() {

@@ -12,10 +12,9 @@
 
 use std::time::Duration;
 
-use aws_sdk_kinesis::types::{ConsumerStatus, ShardIteratorType, StartingPosition};
+use aws_sdk_kinesis::types::{ConsumerStatus, StartingPosition};
 
 use super::{Fetched, Kinesis, KinesisError, ReadFrom, classify, fetched};
-use crate::config::StartPosition;
 use crate::ids::{SequenceNumber, ShardId, StreamName};
 
 /// How long start-up waits for a new consumer to become ACTIVE.
@@ -241,26 +240,13 @@ impl Kinesis {
         shard: &ShardId,
         from: &ReadFrom,
     ) -> Result<Subscription, KinesisError> {
-        let position = match from {
-            ReadFrom::After(position) => StartingPosition::builder()
-                .r#type(if position.sub().is_some() {
-                    ShardIteratorType::AtSequenceNumber
-                } else {
-                    ShardIteratorType::AfterSequenceNumber
-                })
-                .sequence_number(position.sequence().as_str()),
-            ReadFrom::Start(StartPosition::Latest) => {
-                StartingPosition::builder().r#type(ShardIteratorType::Latest)
-            }
-            ReadFrom::Start(StartPosition::TrimHorizon) => {
-                StartingPosition::builder().r#type(ShardIteratorType::TrimHorizon)
-            }
-            ReadFrom::Start(StartPosition::AtTimestamp(at)) => StartingPosition::builder()
-                .r#type(ShardIteratorType::AtTimestamp)
-                .timestamp(aws_smithy_types::DateTime::from(*at)),
-        }
-        .build()
-        .map_err(|e| KinesisError::Refused(e.to_string()))?;
+        let (kind, sequence, timestamp) = from.starting();
+        let position = StartingPosition::builder()
+            .r#type(kind)
+            .set_sequence_number(sequence)
+            .set_timestamp(timestamp)
+            .build()
+            .map_err(|e| KinesisError::Refused(e.to_string()))?;
         let out = self
             .client
             .subscribe_to_shard()
