@@ -7,6 +7,18 @@
 //! error is one line naming the file, the key (e.g.
 //! `subscription[0].poll_idle`) and what was wrong, so a bad config stops
 //! start-up with a message an operator can act on.
+//!
+//! Environment overrides: any key can be set (or replaced) by a variable
+//! `SHARDLANE__<PATH>`, the key's path upper-cased with `__` between its
+//! parts and subscriptions by index — `SHARDLANE__ADMIN__LISTEN`,
+//! `SHARDLANE__LEASE__STORE`, `SHARDLANE__SUBSCRIPTION__0__POLL_IDLE`. The
+//! value is read as a TOML value when it is one (`4`, `true`,
+//! `["orders-dlq"]`, `"quoted text"`) and as a string otherwise
+//! (`0.0.0.0:9090`, `250ms`). Overrides are applied to the file's contents
+//! before anything is checked, so they meet the same checks; an override
+//! that names a subscription the file does not have is an error. (This is
+//! hand-written because it is ~60 lines over the `toml` crate's value
+//! tree; the layered-config crates bring their own key and merge rules.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -573,7 +585,7 @@ impl Config {
                 format!("not UTF-8 text ({e})"),
             ))
         })?;
-        Self::parse(&text, file)
+        Self::parse_with_overrides(&text, file, std::env::vars())
     }
 
     /// Parses and validates config text; `file` only names it in errors.
@@ -581,6 +593,62 @@ impl Config {
     /// # Errors
     /// As [`Config::load`].
     pub fn parse(text: &str, file: &Path) -> Result<Self, ConfigError> {
+        Self::parse_with_overrides(text, file, std::iter::empty())
+    }
+
+    /// Parses config text with the `SHARDLANE__…` overrides among `vars`
+    /// (module docs) applied.
+    ///
+    /// # Errors
+    /// As [`Config::load`]; an override of a subscription the file does
+    /// not have is [`ConfigError::Invalid`] naming the variable.
+    pub fn parse_with_overrides(
+        text: &str,
+        file: &Path,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let overrides: Vec<(String, String)> = vars
+            .into_iter()
+            .filter(|(name, _)| name.starts_with(OVERRIDE_PREFIX))
+            .collect();
+        if overrides.is_empty() {
+            return Self::parse_text(text, file, "");
+        }
+        let mut table: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                    file: file.to_owned(),
+                    location: line_of(text, e.span()),
+                    message: e.message().trim().replace('\n', " "),
+                })?;
+        let mut names: Vec<&str> = Vec::new();
+        for (name, value) in &overrides {
+            apply_override(&mut table, name, value).map_err(|message| ConfigError::Invalid {
+                file: file.to_owned(),
+                key: name.clone(),
+                message,
+            })?;
+            names.push(name);
+        }
+        names.sort_unstable();
+        let merged = toml::to_string(&table).expect("a TOML table serializes");
+        Self::parse_text(
+            &merged,
+            file,
+            &format!("with the environment overrides {}: ", names.join(", ")),
+        )
+    }
+
+    /// Parses and validates `text`; syntax errors say `note` (where the
+    /// text came from) instead of a line when `note` is not empty.
+    fn parse_text(text: &str, file: &Path, note: &str) -> Result<Self, ConfigError> {
+        let line_of = |text: &str, span| {
+            if note.is_empty() {
+                line_of(text, span)
+            } else {
+                note.to_owned()
+            }
+        };
         let syntax = |location: String, message: &str| ConfigError::Syntax {
             file: file.to_owned(),
             location,
@@ -599,6 +667,60 @@ impl Config {
         })?;
         Validator { file }.config(raw)
     }
+}
+
+/// Environment variables with this prefix override config keys.
+pub const OVERRIDE_PREFIX: &str = "SHARDLANE__";
+
+/// Sets the key `name` (`SHARDLANE__A__B__0__C`) names to `value` in
+/// `table`, creating tables on the way; subscriptions by index.
+fn apply_override(table: &mut toml::Table, name: &str, value: &str) -> Result<(), String> {
+    let path: Vec<String> = name[OVERRIDE_PREFIX.len()..]
+        .split("__")
+        .map(str::to_ascii_lowercase)
+        .collect();
+    if path.iter().any(String::is_empty) {
+        return Err(
+            "names no key: write SHARDLANE__SECTION__KEY, e.g. SHARDLANE__ADMIN__LISTEN".into(),
+        );
+    }
+    let value = format!("v = {value}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_owned()));
+    let (last, parents) = path.split_last().expect("not empty");
+    let mut here = table;
+    let mut parts = parents.iter();
+    while let Some(part) = parts.next() {
+        let entry = here
+            .entry(part.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        here = match entry {
+            toml::Value::Table(t) => t,
+            toml::Value::Array(items) => {
+                let Some(index) = parts.next() else {
+                    return Err(format!(
+                        "`{part}` is a list: name an index, e.g. {OVERRIDE_PREFIX}{}__0__…",
+                        part.to_ascii_uppercase()
+                    ));
+                };
+                let i: usize = index
+                    .parse()
+                    .map_err(|_| format!("`{part}` is a list: {index:?} is not an index"))?;
+                let len = items.len();
+                match items.get_mut(i) {
+                    Some(toml::Value::Table(t)) => t,
+                    _ => {
+                        return Err(format!("the config file has no {part}[{i}] (it has {len})"));
+                    }
+                }
+            }
+            _ => return Err(format!("`{part}` is not a table")),
+        };
+    }
+    here.insert(last.clone(), value);
+    Ok(())
 }
 
 fn line_of(text: &str, span: Option<std::ops::Range<usize>>) -> String {

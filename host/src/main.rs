@@ -28,7 +28,7 @@ enum Command {
     /// Run the service until SIGINT or SIGTERM.
     Run {
         /// The TOML config file.
-        #[arg(long, short)]
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
         config: PathBuf,
         /// Log output format.
         #[arg(long, value_enum, default_value_t = Format::Text)]
@@ -37,14 +37,14 @@ enum Command {
     /// Check a config file and every plugin it names, without starting.
     Validate {
         /// The TOML config file.
-        #[arg(long, short)]
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
         config: PathBuf,
     },
     /// Deregister the enhanced fan-out stream consumer of a subscription
     /// (`read = "fan_out"`); stop every instance reading through it first.
     DeregisterConsumer {
         /// The TOML config file.
-        #[arg(long, short)]
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
         config: PathBuf,
         /// The subscription's name.
         #[arg(long, short)]

@@ -191,3 +191,58 @@ fn an_import_the_host_does_not_provide_stops_start_up_naming_it() {
     );
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
 }
+
+#[test]
+fn the_environment_names_the_config_file_and_overrides_its_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shardlane.toml");
+    std::fs::write(
+        &path,
+        r#"
+[[subscription]]
+name = "a"
+stream = "s"
+plugin = "p.wasm"
+"#,
+    )
+    .unwrap();
+    let validate = |vars: &[(&str, &str)]| {
+        let out = Command::new(shardlane_bin())
+            .arg("validate")
+            .env("SHARDLANE_CONFIG", &path)
+            .envs(vars.iter().copied())
+            .output()
+            .expect("run shardlane");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // The file is found through SHARDLANE_CONFIG (its plugin is missing).
+    let (ok, stderr) = validate(&[]);
+    assert!(!ok);
+    assert!(stderr.contains("p.wasm"), "{stderr}");
+    // An override is checked like the file's own keys, and named.
+    let (ok, stderr) = validate(&[("SHARDLANE__SUBSCRIPTION__0__POLL_IDLE", "soon")]);
+    assert!(!ok);
+    assert!(stderr.contains("subscription[0].poll_idle"), "{stderr}");
+    let (ok, stderr) = validate(&[("SHARDLANE__SUBSCRIPTION__2__WORKERS", "4")]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("SHARDLANE__SUBSCRIPTION__2__WORKERS"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+    // An override can fix what the file gets wrong: here the plugin path.
+    let plugin = dir.path().join("p.wasm");
+    std::fs::write(&plugin, b"not a component").unwrap();
+    let (ok, stderr) = validate(&[(
+        "SHARDLANE__SUBSCRIPTION__0__PLUGIN",
+        plugin.to_str().unwrap(),
+    )]);
+    assert!(!ok);
+    assert!(
+        stderr.contains(plugin.to_str().unwrap()),
+        "the overridden path is the one used: {stderr}"
+    );
+}
