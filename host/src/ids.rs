@@ -145,6 +145,48 @@ impl fmt::Display for LaneId {
     }
 }
 
+impl StreamName {
+    /// Whether the stream is named by its ARN
+    /// (`arn:aws:kinesis:REGION:ACCOUNT:stream/NAME`) rather than its name.
+    pub fn is_arn(&self) -> bool {
+        self.0.starts_with("arn:")
+    }
+
+    /// The `StreamName` parameter of a Kinesis call: the name, unless the
+    /// stream is named by ARN.
+    pub fn api_name(&self) -> Option<String> {
+        (!self.is_arn()).then(|| self.0.to_string())
+    }
+
+    /// The `StreamARN` parameter of a Kinesis call: the ARN, when the
+    /// stream is named by one (another account's stream, say).
+    pub fn api_arn(&self) -> Option<String> {
+        self.is_arn().then(|| self.0.to_string())
+    }
+
+    /// The region and the stream's name of a stream ARN; `None` for a name
+    /// or an ARN of another shape.
+    pub fn arn_parts(&self) -> Option<(&str, &str)> {
+        let rest = self.0.strip_prefix("arn:")?;
+        let mut parts = rest.splitn(5, ':');
+        let (_partition, service, region, account, resource) = (
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+        );
+        let name = resource.strip_prefix("stream/")?;
+        let valid = service == "kinesis"
+            && !region.is_empty()
+            && account.len() == 12
+            && account.bytes().all(|b| b.is_ascii_digit())
+            && !name.is_empty()
+            && !name.contains('/');
+        valid.then_some((region, name))
+    }
+}
+
 /// A Kinesis sequence number: a decimal string of up to 129 digits.
 ///
 /// Ordered numerically without ever parsing into a fixed-width integer: a
@@ -354,6 +396,27 @@ mod tests {
         assert_eq!(fnv1a_64(b"a"), 0xaf63dc4c8601ec8c);
         assert_eq!(fnv1a_64(b"foobar"), 0x85944171f73967e8);
         assert_eq!(PartitionKey::from("foobar").fnv1a_64(), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn streams_named_by_arn_use_the_arn_parameter() {
+        let arn = StreamName::from("arn:aws:kinesis:eu-west-1:123456789012:stream/orders");
+        assert_eq!(arn.api_name(), None);
+        assert_eq!(arn.api_arn().as_deref(), Some(arn.as_str()));
+        assert_eq!(arn.arn_parts(), Some(("eu-west-1", "orders")));
+        let name = StreamName::from("orders");
+        assert_eq!(name.api_name().as_deref(), Some("orders"));
+        assert_eq!(name.api_arn(), None);
+        assert_eq!(name.arn_parts(), None);
+        for bad in [
+            "arn:aws:kinesis:eu-west-1:123:stream/orders",
+            "arn:aws:sqs:eu-west-1:123456789012:stream/orders",
+            "arn:aws:kinesis:eu-west-1:123456789012:table/orders",
+            "arn:aws:kinesis::123456789012:stream/orders",
+            "arn:aws:kinesis:eu-west-1:123456789012:stream/",
+        ] {
+            assert_eq!(StreamName::from(bad).arn_parts(), None, "{bad}");
+        }
     }
 
     #[test]

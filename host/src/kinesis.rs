@@ -277,7 +277,8 @@ impl Kinesis {
     pub(crate) async fn describe_stream(&self, stream: &StreamName) -> Result<(), KinesisError> {
         self.client
             .describe_stream_summary()
-            .stream_name(stream.as_str())
+            .set_stream_name(stream.api_name())
+            .set_stream_arn(stream.api_arn())
             .send()
             .await
             .map(drop)
@@ -310,7 +311,11 @@ impl Kinesis {
             // A request with a token must not also name the stream.
             let request = match next_token.take() {
                 Some(token) => self.client.list_shards().next_token(token),
-                None => self.client.list_shards().stream_name(stream.as_str()),
+                None => self
+                    .client
+                    .list_shards()
+                    .set_stream_name(stream.api_name())
+                    .set_stream_arn(stream.api_arn()),
             };
             let page = request.send().await.map_err(|e| {
                 classify(e, |s| {
@@ -361,7 +366,8 @@ impl Kinesis {
         let request = self
             .client
             .get_shard_iterator()
-            .stream_name(stream.as_str())
+            .set_stream_name(stream.api_name())
+            .set_stream_arn(stream.api_arn())
             .shard_id(shard.as_str());
         let (kind, sequence, timestamp) = from.starting();
         let request = request
@@ -449,7 +455,8 @@ impl Kinesis {
         let output = self
             .client
             .put_record()
-            .stream_name(stream.as_str())
+            .set_stream_name(stream.api_name())
+            .set_stream_arn(stream.api_arn())
             .partition_key(key.as_str())
             .data(Blob::new(data))
             .send()
@@ -497,7 +504,8 @@ impl Kinesis {
         let output = self
             .client
             .put_records()
-            .stream_name(stream.as_str())
+            .set_stream_name(stream.api_name())
+            .set_stream_arn(stream.api_arn())
             .set_records(Some(entries))
             .send()
             .await

@@ -250,3 +250,42 @@ async fn two_subscriptions_run_side_by_side() {
             .all(|l| field(l, "subscription") == "second")
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_named_by_its_arn_is_read() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let stream = unique_name("by-arn");
+    kinesis.create_stream(&stream, 2).await.unwrap();
+    let arn = kinesis
+        .client()
+        .describe_stream_summary()
+        .stream_name(&stream)
+        .send()
+        .await
+        .unwrap()
+        .stream_description_summary
+        .unwrap()
+        .stream_arn;
+    assert!(arn.starts_with("arn:aws:kinesis:"), "{arn}");
+    let records: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| (format!("k{i}"), format!("r{i}").into_bytes()))
+        .collect();
+    kinesis.put_records(&stream, &records).await.unwrap();
+    let cfg = config("by-arn", &arn, &guests.echo, "start = \"trim_horizon\"");
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    host.wait_for("40 records", Duration::from_secs(60), |lines| {
+        guest_lines(lines, "echo ").len() >= 40
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(host.terminate().await.unwrap().success());
+    let lines = host.lines();
+    let echoed = guest_lines(&lines, "echo ");
+    assert_eq!(echoed.len(), 40, "each record once");
+    assert!(
+        echoed.iter().all(|l| field(l, "stream") == arn),
+        "the stream is the ARN it was named by"
+    );
+}

@@ -534,3 +534,22 @@ fn bad_environment_overrides_name_the_variable() {
     assert!(err.contains("names no key"), "{err}");
     assert!(!err.contains('\n'), "one line: {err}");
 }
+
+#[test]
+fn streams_may_be_named_by_arn_in_the_configured_region() {
+    let arn = "arn:aws:kinesis:eu-west-1:123456789012:stream/orders";
+    let text = format!(
+        "[aws]\nregion = \"eu-west-1\"\n[[subscription]]\nname = \"a\"\nstream = \"{arn}\"\nplugin = \"p.wasm\"\noutputs = [\"arn:aws:kinesis:eu-west-1:210987654321:stream/out\"]\n"
+    );
+    let config = parse(&text).unwrap();
+    assert_eq!(config.subscriptions[0].stream.as_str(), arn);
+    let elsewhere = text.replace("region = \"eu-west-1\"", "region = \"us-east-1\"");
+    let err = parse(&elsewhere).unwrap_err();
+    assert!(
+        err.contains("subscription[0].stream") && err.contains("eu-west-1"),
+        "{err}"
+    );
+    let bad = text.replace(":stream/orders", ":orders");
+    let err = parse(&bad).unwrap_err();
+    assert!(err.contains("not a Kinesis stream ARN"), "{err}");
+}

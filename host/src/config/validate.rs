@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::raw::{RawAdmin, RawAws, RawConfig, RawEngine, RawLease, RawMetrics, RawSubscription};
 use super::{
     AdminConfig, AwsConfig, AwsTimeouts, Config, ConfigError, LeaseBackend, LeaseConfig,
-    LeaseStoreKind, SubscriptionConfig, default_cache_dir, defaults, parse_size,
+    LeaseStoreKind, OnFailure, SubscriptionConfig, default_cache_dir, defaults, parse_size,
 };
 
 mod subscription;
@@ -46,6 +46,7 @@ impl Validator<'_> {
         let admin = self.admin(raw.admin, raw.metrics)?;
         let (compile_cache, max_core_instances) = self.engine(&raw.engine)?;
         let aws = self.aws(raw.aws)?;
+        self.stream_arns(&aws, &subscriptions)?;
         Ok(Config {
             compile_cache,
             max_core_instances,
@@ -54,6 +55,46 @@ impl Validator<'_> {
             lease,
             subscriptions,
         })
+    }
+
+    /// Streams named by ARN (`stream`, `dead_letter_stream`, `outputs`):
+    /// a Kinesis stream ARN, in `[aws] region` when that is set (calls go
+    /// to that region's endpoint).
+    fn stream_arns(
+        &self,
+        aws: &AwsConfig,
+        subscriptions: &[SubscriptionConfig],
+    ) -> Result<(), ConfigError> {
+        for (i, sub) in subscriptions.iter().enumerate() {
+            let dead_letter = match &sub.failure.on_failure {
+                OnFailure::DeadLetter(stream) => Some(stream),
+                _ => None,
+            };
+            let named = std::iter::once(("stream", &sub.stream))
+                .chain(dead_letter.map(|s| ("dead_letter_stream", s)))
+                .chain(sub.sandbox.grants.outputs.iter().map(|s| ("outputs", s)));
+            for (key, stream) in named {
+                if !stream.is_arn() {
+                    continue;
+                }
+                let key = format!("subscription[{i}].{key}");
+                let Some((region, _)) = stream.arn_parts() else {
+                    return Err(self.invalid(
+                        &key,
+                        format!("{:?} is not a Kinesis stream ARN: arn:aws:kinesis:REGION:ACCOUNT_ID:stream/NAME", stream.as_str()),
+                    ));
+                };
+                if let Some(configured) = &aws.region
+                    && configured != region
+                {
+                    return Err(self.invalid(
+                        &key,
+                        format!("the stream is in region {region} but [aws] region is {configured}: calls go to one region's endpoint"),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     // ---- values

@@ -100,7 +100,8 @@ impl Kinesis {
         let out = self
             .client
             .describe_stream_summary()
-            .stream_name(stream.as_str())
+            .set_stream_name(stream.api_name())
+            .set_stream_arn(stream.api_arn())
             .send()
             .await
             .map_err(|e| {
