@@ -110,12 +110,29 @@ pub struct AdminConfig {
 pub struct AwsConfig {
     /// Region override.
     pub region: Option<String>,
+    /// A named profile of the shared config and credentials files
+    /// (`~/.aws/config`, `~/.aws/credentials`) for credentials and region.
+    pub profile: Option<String>,
+    /// A role to assume (STS AssumeRole) with the credentials found
+    /// otherwise, e.g. another account's.
+    pub role: Option<AssumeRole>,
     /// Kinesis endpoint override (e.g. a local emulator).
     pub endpoint_url: Option<String>,
     /// DynamoDB endpoint override, for the dynamodb lease store.
     pub dynamodb_endpoint_url: Option<String>,
     /// Deadlines of every AWS call (Kinesis and DynamoDB).
     pub timeouts: AwsTimeouts,
+}
+
+/// A role the host assumes for its AWS calls (`[aws] role_arn`,
+/// `external_id`), through the SDK's own provider: credentials are
+/// refreshed before they expire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssumeRole {
+    /// The role's ARN.
+    pub arn: String,
+    /// The external id the role's trust policy asks for, if any.
+    pub external_id: Option<String>,
 }
 
 /// Deadlines of AWS calls (`[aws] connect_timeout`, `read_timeout`,

@@ -4,7 +4,9 @@
 //!
 //! The clients come from the standard AWS config chain (credentials,
 //! region, `AWS_ENDPOINT_URL_KINESIS` / `AWS_ENDPOINT_URL_DYNAMODB`), with
-//! the `[aws]` section's overrides on top. Every call has deadlines from
+//! the `[aws]` section's overrides on top: a region, a named profile of the
+//! shared config files, a role to assume (the SDK's `AssumeRoleProvider`,
+//! with an external id when given; it refreshes the role's credentials). Every call has deadlines from
 //! `[aws]` ([`crate::config::AwsTimeouts`]: connecting, the first byte of an
 //! answer, one attempt, the whole call); the SDK's own retries cover brief
 //! failures, and callers add a jittered backoff on top (throttling is a
@@ -51,7 +53,27 @@ async fn sdk_config(aws: &AwsConfig) -> aws_config::SdkConfig {
     if let Some(region) = &aws.region {
         loader = loader.region(Region::new(region.clone()));
     }
-    loader.load().await
+    if let Some(profile) = &aws.profile {
+        loader = loader.profile_name(profile);
+    }
+    let sdk = loader.load().await;
+    let Some(role) = &aws.role else {
+        return sdk;
+    };
+    // The role's credentials, got with the ones found above and refreshed
+    // by the SDK before they expire.
+    let mut provider = aws_config::sts::AssumeRoleProvider::builder(&role.arn)
+        .session_name("shardlane")
+        .configure(&sdk);
+    if let Some(id) = &role.external_id {
+        provider = provider.external_id(id);
+    }
+    let provider = provider.build().await;
+    sdk.into_builder()
+        .credentials_provider(aws_sdk_kinesis::config::SharedCredentialsProvider::new(
+            provider,
+        ))
+        .build()
 }
 
 /// Builds a DynamoDB client (for the lease store) the same way as the

@@ -5,6 +5,7 @@
 //! port with random stream names, and fails loudly when it cannot start.
 
 mod admin;
+mod aws;
 mod batches;
 mod budget;
 mod chaos;

@@ -29,6 +29,9 @@ pub(super) struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawAws {
     pub(super) region: Option<String>,
+    pub(super) profile: Option<String>,
+    pub(super) role_arn: Option<String>,
+    pub(super) external_id: Option<String>,
     pub(super) endpoint_url: Option<String>,
     pub(super) dynamodb_endpoint_url: Option<String>,
     pub(super) connect_timeout: Option<String>,

@@ -553,3 +553,26 @@ fn streams_may_be_named_by_arn_in_the_configured_region() {
     let err = parse(&bad).unwrap_err();
     assert!(err.contains("not a Kinesis stream ARN"), "{err}");
 }
+
+#[test]
+fn aws_profile_and_role_are_checked() {
+    let aws = |lines: &str| parse(&format!("[aws]\n{lines}\n{MINIMAL}"));
+    let config = aws("profile = \"prod\"\nrole_arn = \"arn:aws:iam::123456789012:role/reader\"\nexternal_id = \"x\"").unwrap();
+    assert_eq!(config.aws.profile.as_deref(), Some("prod"));
+    assert_eq!(
+        config.aws.role,
+        Some(AssumeRole {
+            arn: "arn:aws:iam::123456789012:role/reader".into(),
+            external_id: Some("x".into())
+        })
+    );
+    for (lines, key) in [
+        ("profile = \" \"", "aws.profile"),
+        ("external_id = \"x\"", "aws.external_id"),
+        ("role_arn = \"reader\"", "aws.role_arn"),
+        ("role_arn = \"arn:aws:iam::123456789012:user/bob\"", "aws.role_arn"),
+    ] {
+        let err = aws(lines).unwrap_err();
+        assert!(err.contains(key), "{lines}: {err}");
+    }
+}

@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use super::raw::{RawAdmin, RawAws, RawConfig, RawEngine, RawLease, RawMetrics, RawSubscription};
 use super::{
-    AdminConfig, AwsConfig, AwsTimeouts, Config, ConfigError, LeaseBackend, LeaseConfig,
-    LeaseStoreKind, OnFailure, SubscriptionConfig, default_cache_dir, defaults, parse_size,
+    AdminConfig, AssumeRole, AwsConfig, AwsTimeouts, Config, ConfigError, LeaseBackend,
+    LeaseConfig, LeaseStoreKind, OnFailure, SubscriptionConfig, default_cache_dir, defaults,
+    parse_size,
 };
 
 mod subscription;
@@ -328,8 +329,38 @@ impl Validator<'_> {
     }
 
     fn aws(&self, raw: RawAws) -> Result<AwsConfig, ConfigError> {
+        if raw.profile.as_deref().is_some_and(|p| p.trim().is_empty()) {
+            return Err(self.invalid("aws.profile", "must not be empty"));
+        }
+        let timeouts = self.aws_timeouts(&raw)?;
+        let role = match (raw.role_arn, raw.external_id) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(self.invalid(
+                    "aws.external_id",
+                    "is for assuming a role: set aws.role_arn too",
+                ));
+            }
+            (Some(arn), external_id) => {
+                let valid = arn.starts_with("arn:")
+                    && arn.split(':').nth(2) == Some("iam")
+                    && arn
+                        .split(':')
+                        .nth(5)
+                        .is_some_and(|r| r.starts_with("role/"));
+                if !valid {
+                    return Err(self.invalid(
+                        "aws.role_arn",
+                        format!("{arn:?} is not a role ARN: arn:aws:iam::ACCOUNT_ID:role/NAME"),
+                    ));
+                }
+                Some(AssumeRole { arn, external_id })
+            }
+        };
         Ok(AwsConfig {
-            timeouts: self.aws_timeouts(&raw)?,
+            timeouts,
+            profile: raw.profile,
+            role,
             region: raw.region,
             endpoint_url: raw.endpoint_url,
             dynamodb_endpoint_url: raw.dynamodb_endpoint_url,

@@ -21,6 +21,7 @@ pub mod admin;
 pub mod http_server;
 pub mod kpl;
 pub mod proxy;
+pub mod recorder;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
