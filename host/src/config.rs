@@ -2,7 +2,9 @@
 //! config that the rest of the host uses.
 //!
 //! Two layers: `Raw*` structs mirror the file (serde, `deny_unknown_fields`,
-//! durations as human strings such as `"200ms"`), and [`Config`] holds the
+//! durations and sizes as human strings such as `"200ms"` and `"64MiB"`,
+//! parsed by `humantime` and `bytesize` in the validator, so that an error
+//! names its key), and [`Config`] holds the
 //! validated, typed values ([`Duration`], [`StartPosition`], newtypes). Every
 //! error is one line naming the file, the key (e.g.
 //! `subscription[0].poll_idle`) and what was wrong, so a bad config stops
@@ -556,26 +558,11 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     Some(base.join("shardlane").join("components"))
 }
 
-/// Parses a size such as `"64MiB"`, `"512KiB"`, `"1GiB"`, `"100MB"` or a
-/// plain number of bytes.
+/// Parses a size such as `"64MiB"`, `"512KiB"`, `"1GiB"`, `"100MB"`,
+/// `"1.5 GiB"` or a plain number of bytes (the `bytesize` crate's syntax).
 pub fn parse_size(value: &str) -> Option<usize> {
-    let value = value.trim();
-    let split = value
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(value.len());
-    let (number, unit) = value.split_at(split);
-    let number: usize = number.parse().ok()?;
-    let multiplier: usize = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "KB" | "kB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        _ => return None,
-    };
-    number.checked_mul(multiplier)
+    let size: bytesize::ByteSize = value.trim().parse().ok()?;
+    usize::try_from(size.as_u64()).ok()
 }
 
 impl Config {

@@ -296,6 +296,7 @@ fn sizes() {
     assert_eq!(parse_size("512KiB"), Some(512 << 10));
     assert_eq!(parse_size("100MB"), Some(100_000_000));
     assert_eq!(parse_size("4096"), Some(4096));
+    assert_eq!(parse_size("1.5 GiB"), Some(3 << 29));
     assert_eq!(parse_size("MiB"), None);
     assert_eq!(parse_size("12 parsecs"), None);
 }
