@@ -62,6 +62,7 @@ mod dispatch;
 mod failure;
 mod files;
 pub mod ids;
+mod import_kcl;
 mod kinesis;
 mod kpl;
 pub mod lease;
@@ -81,6 +82,7 @@ pub use channel::CHANNEL_CAPACITY;
 pub use dispatch::LANE_INBOX;
 pub use dispatch::routing::lane_for;
 pub use files::MAX_PLUGIN_BYTES;
+pub use import_kcl::{Imported, import_kcl};
 pub use supervisor::{LoadedSubscription, deregister_consumer, load_plugins, run};
 pub use swap::KeySlice;
 

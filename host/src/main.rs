@@ -50,6 +50,20 @@ enum Command {
         #[arg(long, short)]
         subscription: String,
     },
+    /// Import a KCL application's checkpoints (its DynamoDB lease table)
+    /// into a subscription's lease store, to switch without reading the
+    /// stream again; stop the KCL application and every instance first.
+    ImportKcl {
+        /// The TOML config file.
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
+        config: PathBuf,
+        /// The subscription to import into (its stream is the KCL one).
+        #[arg(long, short)]
+        subscription: String,
+        /// The KCL application's lease table (its application name).
+        #[arg(long, short)]
+        table: String,
+    },
     /// Validate a plugin component: print its world and imports.
     Check {
         /// The plugin's .wasm file.
@@ -86,6 +100,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { config, log_format } => run(config, log_format),
         Command::Check { plugin } => check(plugin),
+        Command::ImportKcl {
+            config,
+            subscription,
+            table,
+        } => import_kcl(config, &subscription, &table),
         Command::DeregisterConsumer {
             config,
             subscription,
@@ -204,6 +223,36 @@ fn deregister_consumer(config_path: PathBuf, subscription: &str) -> anyhow::Resu
     } else {
         println!("stream {stream:?} has no consumer {consumer:?}: nothing to deregister");
     }
+    Ok(())
+}
+
+fn import_kcl(config_path: PathBuf, subscription: &str, table: &str) -> anyhow::Result<()> {
+    let config = Config::load(&config_path)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let imported = runtime.block_on(shardlane::import_kcl(&config, subscription, table))?;
+    for lease in &imported {
+        match lease {
+            shardlane::Imported::Written(shard, checkpoint) => {
+                println!("{shard}: checkpoint {checkpoint}");
+            }
+            shardlane::Imported::NoCheckpoint(shard, sentinel) => {
+                println!("{shard}: no checkpoint in KCL yet ({sentinel:?}): starts at `start`");
+            }
+            shardlane::Imported::OtherStream(key) => {
+                println!("{key}: another stream's lease, left alone");
+            }
+        }
+    }
+    println!(
+        "imported {} checkpoints from KCL table {table:?} into subscription {subscription:?}",
+        imported
+            .iter()
+            .filter(|l| matches!(l, shardlane::Imported::Written(..)))
+            .count()
+    );
     Ok(())
 }
 

@@ -290,7 +290,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 /// # Errors
 /// When it cannot be opened (a file store held by another process, a
 /// DynamoDB table that does not exist).
-async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn LeaseStore>> {
+pub(crate) async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn LeaseStore>> {
     let store: Arc<dyn LeaseStore> = match &config.lease.store {
         LeaseBackend::Memory => Arc::new(MemoryLeaseStore::new()),
         LeaseBackend::File { path } => Arc::new(FileLeaseStore::open(path)?),

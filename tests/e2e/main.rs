@@ -20,6 +20,7 @@ mod fan_out;
 mod faults;
 mod files;
 mod hostile;
+mod import_kcl;
 mod kpl;
 mod lanes;
 mod leases;

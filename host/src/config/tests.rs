@@ -571,7 +571,10 @@ fn aws_profile_and_role_are_checked() {
         ("profile = \" \"", "aws.profile"),
         ("external_id = \"x\"", "aws.external_id"),
         ("role_arn = \"reader\"", "aws.role_arn"),
-        ("role_arn = \"arn:aws:iam::123456789012:user/bob\"", "aws.role_arn"),
+        (
+            "role_arn = \"arn:aws:iam::123456789012:user/bob\"",
+            "aws.role_arn",
+        ),
     ] {
         let err = aws(lines).unwrap_err();
         assert!(err.contains(key), "{lines}: {err}");

@@ -98,7 +98,13 @@ impl Source<'_> {
         skip_through: Option<&Position>,
     ) {
         let position = Position::whole(fetched.sequence.clone());
-        if skip_through.is_some_and(|s| &position <= s) {
+        // `within(seq, 0)` also covers a plain record at `seq`: that is
+        // how KCL writes a plain record's checkpoint (an imported one, see
+        // `import_kcl`); shardlane's own checkpoints never stop at index 0
+        // of a plain record, so nothing else is skipped by it.
+        let covered_as_kcl =
+            skip_through.is_some_and(|s| s.sub() == Some(0) && s.sequence() == position.sequence());
+        if covered_as_kcl || skip_through.is_some_and(|s| &position <= s) {
             return;
         }
         out.push((
@@ -213,6 +219,25 @@ mod tests {
                 row("a", "u2", Some(2), "11"),
                 row("plain-key", "p2", None, "12"),
             ]
+        );
+    }
+
+    #[test]
+    fn a_kcl_checkpoint_at_index_0_covers_a_plain_record() {
+        let (stream, shard) = (StreamName::from("s"), ShardId::from("shardId-0"));
+        let skip = Position::parse("10:0").unwrap();
+        let out = source(&stream, &shard).unpack(page(), Some(&skip), &mut Found::default());
+        assert_eq!(
+            summary(&out)[0],
+            row("a", "u0", Some(0), "11:0"),
+            "record 10 is covered"
+        );
+        let skip = Position::parse("11:0").unwrap();
+        let out = source(&stream, &shard).unpack(page(), Some(&skip), &mut Found::default());
+        assert_eq!(
+            summary(&out)[0],
+            row("b", "u1", Some(1), "11:1"),
+            "inside an aggregate: index 0 only"
         );
     }
 
