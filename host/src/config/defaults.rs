@@ -1,0 +1,86 @@
+//! Defaults, with the reasoning behind each.
+
+use std::time::Duration;
+
+/// Kinesis allows 5 GetRecords calls per shard per second, shared by
+/// every consumer of the stream; 4 leaves one a second for a KCL (1 s
+/// idle, 200 ms minimum between reads) or Lambda (about one poll a
+/// second per shard) consumer at its default rate.
+pub const MAX_READS_PER_SECOND: f64 = 4.0;
+/// An empty read waits this long while the shard had records lately:
+/// the read budget's spacing, so a new record is about 125 ms away on
+/// average.
+pub const POLL_IDLE: Duration = Duration::from_millis(250);
+/// A shard empty for 30 s backs off to one read a second, as KCL and
+/// Lambda poll: an idle subscription costs little CPU and leaves the
+/// shard's reads to others.
+pub const POLL_IDLE_MAX: Duration = Duration::from_secs(1);
+/// One write a second per shard keeps store traffic small while bounding
+/// redelivery after a crash to about a second of records.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// Small reads keep the records held by a blocked reader (read but not
+/// yet in the channel) bounded; Kinesis allows up to 10,000.
+pub const READ_LIMIT: i32 = 1_000;
+/// A handler that takes longer than this is stuck, not slow.
+pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
+/// One outbound HTTP request (connect, first byte, between bytes).
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most response body bytes a plugin reads per HTTP request.
+pub const HTTP_MAX_RESPONSE: u64 = 1 << 20;
+/// First retry backoff.
+pub const RETRY_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+/// Retry backoff cap.
+pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Time given to in-flight records on shutdown.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// A batch waits at most this long for more records after its first.
+/// (Not Lambda's default: Lambda's batching window defaults to 0 and
+/// passes what one read returned; 50 ms fills batches across reads of
+/// several shards for a small latency.)
+pub const BATCH_WINDOW: Duration = Duration::from_millis(50);
+/// Most lanes a subscription may run: each owns a Wasm instance.
+pub const MAX_WORKERS: i64 = 256;
+/// Most records per batch (Lambda's Kinesis maximum).
+pub const MAX_BATCH_SIZE: i64 = 10_000;
+/// Most bytes per batch: Lambda's 6 MB invocation payload, and well
+/// inside the default `max_memory`, so a full batch can be lowered
+/// into the guest.
+pub const MAX_BATCH_BYTES: usize = 6 << 20;
+/// A TCP (and TLS) connection to an AWS endpoint normally takes
+/// milliseconds; 3 s is many round trips on a slow network, and an
+/// endpoint that accepts nothing for that long is down.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Kinesis and DynamoDB answer in tens of milliseconds; 10 s leaves
+/// room for seconds of added network latency, and a renewal still
+/// lands within the default lease duration.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// One attempt: connection plus a whole answer (a GetRecords answer is
+/// up to 10 MB).
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
+/// One call with the SDK's retries (three attempts).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// KCL's default: a lease whose counter has not moved for 10 s is free.
+pub const LEASE_DURATION: Duration = Duration::from_secs(10);
+/// Renew three times per lease duration, so one slow renewal is harmless.
+pub const RENEW_EVERY: Duration = Duration::from_secs(3);
+/// Picks up new shards after a reshard within this interval.
+pub const SHARD_SYNC_EVERY: Duration = Duration::from_secs(10);
+/// Memory per guest instance: ample for handlers in Rust (about 1 MiB)
+/// and Python or JavaScript (tens of MiB), small enough that a runaway
+/// guest cannot exhaust the host.
+pub const MAX_MEMORY: usize = 128 << 20;
+/// Guest log lines per second per instance; a burst of twice that is
+/// allowed. Enough for a line per record at a thousand records a second
+/// per lane; a guest logging in a loop is cut off.
+pub const LOG_RATE: u32 = 1_000;
+/// Where the operations server listens: loopback only.
+pub const ADMIN_LISTEN: &str = "127.0.0.1:9090";
+/// Where the file lease store keeps its database.
+pub const FILE_STORE_PATH: &str = "shardlane-state";
+/// Core module instances per component: the Rust and JavaScript
+/// examples have 3, the C ones 4, the Python ones (componentize-py
+/// 0.25) 14; room to spare for larger runtimes.
+pub const MAX_CORE_INSTANCES: u32 = 64;
+/// The most `engine.max_core_instances` may be: each slot of the pool
+/// reserves room for this many instances.
+pub const MAX_CORE_INSTANCES_LIMIT: u32 = 1_024;
