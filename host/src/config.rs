@@ -33,6 +33,7 @@ use serde::Deserialize;
 use crate::ids::{StreamName, SubscriptionName};
 use crate::swap::KeySlice;
 
+pub mod defaults;
 mod raw;
 mod validate;
 
@@ -456,7 +457,6 @@ impl SubscriptionConfig {
     }
 }
 
-pub mod defaults;
 
 /// The default compile cache: `$XDG_CACHE_HOME/shardlane/components`, else
 /// `~/.cache/shardlane/components`; none when neither is known.
