@@ -457,7 +457,6 @@ impl SubscriptionConfig {
     }
 }
 
-
 /// The default compile cache: `$XDG_CACHE_HOME/shardlane/components`, else
 /// `~/.cache/shardlane/components`; none when neither is known.
 pub fn default_cache_dir() -> Option<PathBuf> {
@@ -503,7 +502,14 @@ impl Config {
                 format!("not UTF-8 text ({e})"),
             ))
         })?;
-        Self::parse_with_overrides(&text, file, std::env::vars())
+        // `vars_os`: a variable that is not UTF-8 (any, not only ours)
+        // must not panic; ours must be UTF-8 to be read at all.
+        let vars = std::env::vars_os().filter_map(|(k, v)| {
+            let k = k.into_string().ok()?;
+            k.starts_with(OVERRIDE_PREFIX).then_some(())?;
+            Some((k, v.into_string().ok()?))
+        });
+        Self::parse_with_overrides(&text, file, vars)
     }
 
     /// Parses and validates config text; `file` only names it in errors.
@@ -525,10 +531,13 @@ impl Config {
         file: &Path,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
-        let overrides: Vec<(String, String)> = vars
+        let mut overrides: Vec<(String, String)> = vars
             .into_iter()
             .filter(|(name, _)| name.starts_with(OVERRIDE_PREFIX))
             .collect();
+        // A fixed order: a table and a key inside it set by two variables
+        // end the same way whatever the environment's order.
+        overrides.sort();
         if overrides.is_empty() {
             return Self::parse_text(text, file, "");
         }
@@ -602,10 +611,15 @@ fn apply_override(table: &mut toml::Table, name: &str, value: &str) -> Result<()
             "names no key: write SHARDLANE__SECTION__KEY, e.g. SHARDLANE__ADMIN__LISTEN".into(),
         );
     }
+    // One TOML value, or else the text itself; a TOML date-time stays text
+    // (no key takes one: `at_timestamp` is a string), and so does anything
+    // that parses into more than the one key.
     let value = format!("v = {value}")
         .parse::<toml::Table>()
         .ok()
+        .filter(|t| t.len() == 1)
         .and_then(|mut t| t.remove("v"))
+        .filter(|v| !v.is_datetime())
         .unwrap_or_else(|| toml::Value::String(value.to_owned()));
     let (last, parents) = path.split_last().expect("not empty");
     let mut here = table;

@@ -55,11 +55,20 @@ fn shard_of(key: &str, stream: &str) -> Option<String> {
     match key.rsplit_once(':') {
         None => Some(key.to_owned()),
         Some((prefix, shard)) => {
-            // account:stream:creationEpoch:shardId
+            // account:stream:creationEpoch:shardId; a stream named by ARN
+            // also names its account, which must match.
             let mut parts = prefix.split(':');
-            let (_account, name) = (parts.next()?, parts.next()?);
-            let name_of = |s: &str| s.rsplit('/').next().unwrap_or(s).to_owned();
-            (name == name_of(stream)).then(|| shard.to_owned())
+            let (account, name) = (parts.next()?, parts.next()?);
+            let (want_account, want_name) = match stream.strip_prefix("arn:") {
+                Some(arn) => {
+                    let fields: Vec<&str> = arn.splitn(5, ':').collect();
+                    let name = fields.get(4)?.strip_prefix("stream/")?;
+                    (Some(*fields.get(3)?), name)
+                }
+                None => (None, stream),
+            };
+            let same = name == want_name && want_account.is_none_or(|a| a == account);
+            same.then(|| shard.to_owned())
         }
     }
 }
@@ -224,6 +233,14 @@ mod tests {
             )
             .as_deref(),
             Some("shardId-000000000003")
+        );
+        assert_eq!(
+            shard_of(
+                "999999999999:orders:1700000000:shardId-000000000003",
+                "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
+            ),
+            None,
+            "another account's stream of the same name"
         );
     }
 

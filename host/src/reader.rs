@@ -455,19 +455,20 @@ impl ShardReader {
             hash_keys: self.hash_keys,
         };
         let mut found = unpack::Found::default();
+        // The page reaches the record the reader reopened inside (it comes
+        // first after an AT_SEQUENCE_NUMBER open): once unpacked, whatever
+        // it skipped is behind, even if nothing of the page is left.
+        let reached = self
+            .skip_through
+            .as_ref()
+            .is_some_and(|s| page.iter().any(|f| &f.sequence >= s.sequence()));
         let records = source.unpack(page, self.skip_through.as_ref(), &mut found);
+        if reached {
+            self.skip_through = None;
+        }
         reading
             .kpl
             .count(&found, self.ctx.subscription.name.as_str(), &self.shard);
-        if let Some((_, first)) = records.first()
-            && self
-                .skip_through
-                .as_ref()
-                .is_some_and(|s| s.sequence() < first.sequence())
-        {
-            // Past the aggregate the reader reopened inside.
-            self.skip_through = None;
-        }
         if records.is_empty() {
             return true;
         }

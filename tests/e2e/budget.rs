@@ -108,10 +108,10 @@ async fn throttling_lowers_a_shards_read_rate() {
     let resumed = reads(&admin);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = reads(&admin) - resumed;
-    // At the rate before, 1.5 times `unthrottled`; the lowered rate wins
-    // back a twentieth of the budget a second.
+    // At the rate before, 1.5 times `unthrottled` (~30–45); from an
+    // eighth of the budget, winning back a twentieth a second, about 12.
     assert!(
-        after <= unthrottled / 2.0,
+        after <= unthrottled * 0.75,
         "{after} reads in the 3 s after throttling ({unthrottled} in 2 s before)"
     );
     assert!(host.terminate().await.unwrap().success());

@@ -504,6 +504,14 @@ fn environment_overrides_set_any_key() {
             ("SHARDLANE__SUBSCRIPTION__0__BY_KEY", "true"),
             ("SHARDLANE__SUBSCRIPTION__0__POLL_IDLE", "300ms"),
             ("SHARDLANE__SUBSCRIPTION__0__STREAM", "\"quoted\""),
+            (
+                "SHARDLANE__SUBSCRIPTION__0__START__AT_TIMESTAMP",
+                "2026-12-01T00:00:00Z",
+            ),
+            (
+                "SHARDLANE__SUBSCRIPTION__0__PLUGIN",
+                "1\nread = \"fan_out\"",
+            ),
             ("SHARDLANE_ADMIN_TOKEN", "not an override"),
             ("PATH", "/usr/bin"),
         ],
@@ -515,6 +523,16 @@ fn environment_overrides_set_any_key() {
     assert_eq!(sub.dispatch, DispatchMode::ByKey(4));
     assert_eq!(sub.poll_idle, Duration::from_millis(250 + 50));
     assert_eq!(sub.stream.as_str(), "quoted");
+    assert!(
+        matches!(sub.start, StartPosition::AtTimestamp(_)),
+        "a timestamp stays text"
+    );
+    assert_eq!(
+        sub.read,
+        ReadMode::Polling,
+        "a value of several keys is text, not an injection"
+    );
+    assert_eq!(sub.plugin, PathBuf::from("1\nread = \"fan_out\""));
 }
 
 #[test]

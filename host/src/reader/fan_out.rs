@@ -78,9 +78,22 @@ impl ShardReader {
             tracing::info!(subscription = %sub, shard_id = %self.shard, position = ?self.position, "subscribed to the shard");
             self.ctx.status.reader_positioned(&self.shard);
             let mut quiet_since = tokio::time::Instant::now();
+            let mut events = 0u64;
             loop {
+                let until = *self.valid_until.borrow();
                 let next = tokio::select! {
                     _ = self.cancel.cancelled() => return ReaderExit::Cancelled,
+                    // Past the lease's validity: no subscription is kept
+                    // open on a lease that may have changed hands (the
+                    // outer loop waits for a renewal, or for the stop).
+                    _ = tokio::time::sleep_until(until) => {
+                        if tokio::time::Instant::now() < *self.valid_until.borrow() {
+                            // Renewed meanwhile.
+                            continue;
+                        }
+                        tracing::warn!(subscription = %sub, shard_id = %self.shard, "lease not renewed within its duration; subscription closed until it is");
+                        break;
+                    }
                     _ = tokio::time::sleep(EVENT_TIMEOUT) => {
                         tracing::warn!(subscription = %sub, shard_id = %self.shard, timeout = ?EVENT_TIMEOUT, "no event from the shard subscription; subscribing again");
                         break;
@@ -90,7 +103,15 @@ impl ShardReader {
                 let event = match next {
                     Ok(Some(event)) => event,
                     Ok(None) => {
-                        tracing::debug!(subscription = %sub, shard_id = %self.shard, "shard subscription ended; subscribing again");
+                        tracing::debug!(subscription = %sub, shard_id = %self.shard, events, "shard subscription ended; subscribing again");
+                        if events == 0 {
+                            // Ended before its first event: not the
+                            // five-minute end. Back off before the next.
+                            let wait = reading.backoff.next_wait();
+                            if self.sleep(wait).await.is_err() {
+                                return ReaderExit::Cancelled;
+                            }
+                        }
                         break;
                     }
                     Err(KinesisError::Malformed(e)) => {
@@ -106,6 +127,7 @@ impl ShardReader {
                         break;
                     }
                 };
+                events += 1;
                 reading.backoff.reset();
                 reading.behind.set(event.millis_behind);
                 self.ctx.status.lag(&self.shard, event.millis_behind);

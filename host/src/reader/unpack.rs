@@ -68,7 +68,15 @@ impl Source<'_> {
                         } else {
                             Position::within(fetched.sequence.clone(), sub)
                         };
-                        if skip_through.is_some_and(|s| &position <= s) {
+                        // Within an aggregate a checkpoint covers user
+                        // records by index: ours never stop at the last
+                        // one (that is the whole record), KCL's do.
+                        let covered = skip_through.is_some_and(|s| {
+                            &position <= s
+                                || (s.sequence() == &fetched.sequence
+                                    && s.sub().is_some_and(|k| sub <= k))
+                        });
+                        if covered {
                             continue;
                         }
                         if self.hash_keys.is_some_and(|r| !r.contains(user.hash_key())) {
@@ -220,6 +228,14 @@ mod tests {
                 row("plain-key", "p2", None, "12"),
             ]
         );
+    }
+
+    #[test]
+    fn a_kcl_checkpoint_at_the_last_index_covers_the_whole_aggregate() {
+        let (stream, shard) = (StreamName::from("s"), ShardId::from("shardId-0"));
+        let skip = Position::parse("11:2").unwrap();
+        let out = source(&stream, &shard).unpack(page(), Some(&skip), &mut Found::default());
+        assert_eq!(summary(&out), vec![row("plain-key", "p2", None, "12")]);
     }
 
     #[test]

@@ -166,6 +166,18 @@ impl Subscription<'_, '_> {
             sub.poll_idle_max.as_deref(),
             defaults::POLL_IDLE_MAX.max(poll_idle),
         )?;
+        // A shard iterator expires after five minutes: a longer wait only
+        // forces a reopen (and a huge one would overflow the clock).
+        for (key, wait) in [("poll_idle", poll_idle), ("poll_idle_max", poll_idle_max)] {
+            if wait > Duration::from_secs(300) {
+                return Err(self.invalid(
+                    key,
+                    format!(
+                        "{wait:?} is longer than 5 minutes, after which a shard iterator expires"
+                    ),
+                ));
+            }
+        }
         if poll_idle_max < poll_idle {
             return Err(self.invalid(
                 "poll_idle_max",
@@ -175,10 +187,10 @@ impl Subscription<'_, '_> {
         let rate = sub
             .max_reads_per_second
             .unwrap_or(defaults::MAX_READS_PER_SECOND);
-        if !(rate.is_finite() && rate > 0.0 && rate <= 1000.0) {
+        if !(rate.is_finite() && (0.01..=1000.0).contains(&rate)) {
             return Err(self.invalid(
                 "max_reads_per_second",
-                format!("{rate} is out of range: a number above 0 and at most 1000 (Kinesis allows 5 per shard, shared by every consumer)"),
+                format!("{rate} is out of range: from 0.01 to 1000 (Kinesis allows 5 per shard, shared by every consumer)"),
             ));
         }
         Ok((poll_idle, poll_idle_max, rate))
