@@ -108,10 +108,12 @@ async fn throttling_lowers_a_shards_read_rate() {
     let resumed = reads(&admin);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = reads(&admin) - resumed;
-    // At the rate before, 1.5 times `unthrottled` (~30–45); from an
-    // eighth of the budget, winning back a twentieth a second, about 12.
+    // At the rate before, 1.5 times `unthrottled` (30–45 on a quiet
+    // machine); from an eighth of the budget (2.5/s), winning back a
+    // twentieth (1/s) a second, about 12 — paced, so a busy machine only
+    // lowers it.
     assert!(
-        after <= unthrottled * 0.75,
+        after <= 20.0,
         "{after} reads in the 3 s after throttling ({unthrottled} in 2 s before)"
     );
     assert!(host.terminate().await.unwrap().success());
