@@ -291,19 +291,26 @@ impl Kinesis {
         Self { client }
     }
 
-    /// Checks that `stream` exists (DescribeStreamSummary).
+    /// Checks that `stream` exists (DescribeStreamSummary); returns its
+    /// ARN when the answer carries one.
     ///
     /// # Errors
     /// [`KinesisError::NotFound`] when it does not; another kind when
     /// Kinesis cannot say.
-    pub(crate) async fn describe_stream(&self, stream: &StreamName) -> Result<(), KinesisError> {
+    pub(crate) async fn describe_stream(
+        &self,
+        stream: &StreamName,
+    ) -> Result<Option<String>, KinesisError> {
         self.client
             .describe_stream_summary()
             .set_stream_name(stream.api_name())
             .set_stream_arn(stream.api_arn())
             .send()
             .await
-            .map(drop)
+            .map(|out| {
+                out.stream_description_summary()
+                    .map(|s| s.stream_arn().to_owned())
+            })
             .map_err(|e| {
                 classify(e, |s| {
                     if s.is_resource_not_found_exception() {

@@ -324,7 +324,7 @@ async fn check_stream(kinesis: &Kinesis, stream: &StreamName, key: &str) -> anyh
     );
     loop {
         match kinesis.describe_stream(stream).await {
-            Ok(()) => return Ok(()),
+            Ok(_) => return Ok(()),
             Err(KinesisError::NotFound(_)) => {
                 anyhow::bail!("{key} {:?} does not exist", stream.as_str())
             }

@@ -95,26 +95,11 @@ fn convert(
 }
 
 impl Kinesis {
-    /// The stream's ARN (DescribeStreamSummary).
+    /// The stream's ARN ([`Kinesis::describe_stream`]).
     async fn stream_arn(&self, stream: &StreamName) -> Result<String, KinesisError> {
-        let out = self
-            .client
-            .describe_stream_summary()
-            .set_stream_name(stream.api_name())
-            .set_stream_arn(stream.api_arn())
-            .send()
-            .await
-            .map_err(|e| {
-                classify(e, |s| {
-                    s.is_resource_not_found_exception()
-                        .then(|| KinesisError::NotFound(stream.to_string()))
-                })
-            })?;
-        out.stream_description_summary()
-            .map(|s| s.stream_arn().to_owned())
-            .ok_or_else(|| {
-                KinesisError::Malformed("DescribeStreamSummary without a summary".into())
-            })
+        self.describe_stream(stream).await?.ok_or_else(|| {
+            KinesisError::Malformed("DescribeStreamSummary without a summary".into())
+        })
     }
 
     /// The consumer `name` of `stream`: registered when missing
