@@ -164,9 +164,9 @@ impl StreamName {
         self.is_arn().then(|| self.0.to_string())
     }
 
-    /// The region and the stream's name of a stream ARN; `None` for a name
-    /// or an ARN of another shape.
-    pub fn arn_parts(&self) -> Option<(&str, &str)> {
+    /// The parts of a stream ARN; `None` for a name or an ARN of another
+    /// shape.
+    pub fn arn_parts(&self) -> Option<StreamArnParts<'_>> {
         let rest = self.0.strip_prefix("arn:")?;
         let mut parts = rest.splitn(5, ':');
         let (_partition, service, region, account, resource) = (
@@ -183,8 +183,23 @@ impl StreamName {
             && account.bytes().all(|b| b.is_ascii_digit())
             && !name.is_empty()
             && !name.contains('/');
-        valid.then_some((region, name))
+        valid.then_some(StreamArnParts {
+            region,
+            account,
+            name,
+        })
     }
+}
+
+/// What a stream ARN (`arn:aws:kinesis:REGION:ACCOUNT:stream/NAME`) says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamArnParts<'a> {
+    /// The region.
+    pub region: &'a str,
+    /// The 12-digit account id.
+    pub account: &'a str,
+    /// The stream's name.
+    pub name: &'a str,
 }
 
 /// A Kinesis sequence number: a decimal string of up to 129 digits.
@@ -403,7 +418,14 @@ mod tests {
         let arn = StreamName::from("arn:aws:kinesis:eu-west-1:123456789012:stream/orders");
         assert_eq!(arn.api_name(), None);
         assert_eq!(arn.api_arn().as_deref(), Some(arn.as_str()));
-        assert_eq!(arn.arn_parts(), Some(("eu-west-1", "orders")));
+        assert_eq!(
+            arn.arn_parts(),
+            Some(StreamArnParts {
+                region: "eu-west-1",
+                account: "123456789012",
+                name: "orders"
+            })
+        );
         let name = StreamName::from("orders");
         assert_eq!(name.api_name().as_deref(), Some("orders"));
         assert_eq!(name.api_arn(), None);

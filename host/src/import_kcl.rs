@@ -24,7 +24,7 @@ use anyhow::Context as _;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::config::Config;
-use crate::ids::{OwnerId, Position, SequenceNumber, ShardId, SubscriptionName};
+use crate::ids::{OwnerId, Position, SequenceNumber, ShardId, StreamName, SubscriptionName};
 use crate::lease::{Checkpoint, LeaseKey};
 
 /// One shard's checkpoint as a KCL lease holds it.
@@ -51,7 +51,7 @@ pub enum Imported {
 
 /// The shard a KCL lease key names when it belongs to `stream`; `None` for
 /// another stream's lease in a multi-stream table.
-fn shard_of(key: &str, stream: &str) -> Option<String> {
+fn shard_of(key: &str, stream: &StreamName) -> Option<String> {
     match key.rsplit_once(':') {
         None => Some(key.to_owned()),
         Some((prefix, shard)) => {
@@ -59,15 +59,10 @@ fn shard_of(key: &str, stream: &str) -> Option<String> {
             // also names its account, which must match.
             let mut parts = prefix.split(':');
             let (account, name) = (parts.next()?, parts.next()?);
-            let (want_account, want_name) = match stream.strip_prefix("arn:") {
-                Some(arn) => {
-                    let fields: Vec<&str> = arn.splitn(5, ':').collect();
-                    let name = fields.get(4)?.strip_prefix("stream/")?;
-                    (Some(*fields.get(3)?), name)
-                }
-                None => (None, stream),
+            let same = match stream.arn_parts() {
+                Some(arn) => arn.name == name && arn.account == account,
+                None => stream.as_str() == name,
             };
-            let same = name == want_name && want_account.is_none_or(|a| a == account);
             same.then(|| shard.to_owned())
         }
     }
@@ -163,7 +158,7 @@ pub async fn import_kcl(
     let owner = OwnerId::new(format!("import-kcl-{}", std::process::id()));
     let mut out = Vec::new();
     for lease in &kcl {
-        let Some(shard) = shard_of(&lease.key, sub.stream.as_str()) else {
+        let Some(shard) = shard_of(&lease.key, &sub.stream) else {
             out.push(Imported::OtherStream(lease.key.clone()));
             continue;
         };
@@ -205,14 +200,18 @@ mod tests {
         }
     }
 
+    fn of(key: &str, stream: &str) -> Option<String> {
+        shard_of(key, &StreamName::from(stream))
+    }
+
     #[test]
     fn lease_keys_name_shards_of_this_stream() {
         assert_eq!(
-            shard_of("shardId-000000000001", "orders").as_deref(),
+            of("shardId-000000000001", "orders").as_deref(),
             Some("shardId-000000000001")
         );
         assert_eq!(
-            shard_of(
+            of(
                 "123456789012:orders:1700000000:shardId-000000000002",
                 "orders"
             )
@@ -220,14 +219,14 @@ mod tests {
             Some("shardId-000000000002")
         );
         assert_eq!(
-            shard_of(
+            of(
                 "123456789012:payments:1700000000:shardId-000000000002",
                 "orders"
             ),
             None
         );
         assert_eq!(
-            shard_of(
+            of(
                 "123456789012:orders:1700000000:shardId-000000000003",
                 "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
             )
@@ -235,7 +234,7 @@ mod tests {
             Some("shardId-000000000003")
         );
         assert_eq!(
-            shard_of(
+            of(
                 "999999999999:orders:1700000000:shardId-000000000003",
                 "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
             ),

@@ -12,6 +12,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::ids::StreamArnParts;
+
 use super::raw::{RawAdmin, RawAws, RawConfig, RawEngine, RawLease, RawMetrics, RawSubscription};
 use super::{
     AdminConfig, AssumeRole, AwsConfig, AwsTimeouts, Config, ConfigError, LeaseBackend,
@@ -79,7 +81,7 @@ impl Validator<'_> {
                     continue;
                 }
                 let key = format!("subscription[{i}].{key}");
-                let Some((region, _)) = stream.arn_parts() else {
+                let Some(StreamArnParts { region, .. }) = stream.arn_parts() else {
                     return Err(self.invalid(
                         &key,
                         format!("{:?} is not a Kinesis stream ARN: arn:aws:kinesis:REGION:ACCOUNT_ID:stream/NAME", stream.as_str()),
