@@ -130,3 +130,27 @@ pub async fn wait_positioned(host: &mut HostProcess, shards: usize) {
     .await
     .unwrap();
 }
+
+/// Explicit hash keys in each half of the hash-key space: with two shards,
+/// shard 0 holds the lower half and shard 1 the upper one.
+pub const SHARD_HASH: [&str; 2] = ["1", "340282366920938463463374607431768211455"];
+
+/// The data the echo guest printed in a line (`… data="…"`), unquoted.
+pub fn echoed_data(line: &LogLine) -> String {
+    let message = field(line, "message");
+    let quoted = message.split_once(" data=").map_or("", |(_, d)| d);
+    serde_json::from_str(quoted).unwrap_or_else(|_| quoted.to_owned())
+}
+
+/// The sequence numbers of `put` ((shard, sequence) pairs) per shard, in
+/// order.
+pub fn by_shard(put: &[(String, String)]) -> HashMap<String, Vec<String>> {
+    let mut want: HashMap<String, Vec<String>> = HashMap::new();
+    for (shard, seq) in put {
+        want.entry(shard.clone()).or_default().push(seq.clone());
+    }
+    for seqs in want.values_mut() {
+        seqs.sort_by(|a, b| seq_key(a).cmp(&seq_key(b)));
+    }
+    want
+}

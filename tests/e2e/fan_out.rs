@@ -4,25 +4,13 @@
 //! proxy) resumed without loss or duplicates, and the consumer
 //! deregistered from the command line.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use shardlane_testkit::proxy::{FaultProxy, Faults};
 use shardlane_testkit::{HostProcess, Kinesis, guests, unique_name};
 
-use crate::common::{config, field, guest_lines, seq_key, sequences_by_shard, shardlane_bin};
-
-/// The per-shard sequence numbers of `put`, in order.
-fn by_shard(put: &[(String, String)]) -> HashMap<String, Vec<String>> {
-    let mut want: HashMap<String, Vec<String>> = HashMap::new();
-    for (shard, seq) in put {
-        want.entry(shard.clone()).or_default().push(seq.clone());
-    }
-    for seqs in want.values_mut() {
-        seqs.sort_by(|a, b| seq_key(a).cmp(&seq_key(b)));
-    }
-    want
-}
+use crate::common::{by_shard, config, field, guest_lines, sequences_by_shard, shardlane_bin};
 
 fn records(prefix: &str, n: usize) -> Vec<(String, Vec<u8>)> {
     (0..n)
@@ -130,16 +118,7 @@ async fn every_record_is_handled_once_in_shard_order_through_fan_out() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let stream_arn = kinesis
-        .client()
-        .describe_stream_summary()
-        .stream_name(&stream)
-        .send()
-        .await
-        .unwrap()
-        .stream_description_summary
-        .unwrap()
-        .stream_arn;
+    let stream_arn = kinesis.stream_arn(&stream).await.unwrap();
     let mut gone = false;
     for _ in 0..50 {
         let described = kinesis

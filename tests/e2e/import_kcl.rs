@@ -14,9 +14,7 @@ use aws_sdk_dynamodb::types::{
 use shardlane_testkit::kpl::{UserRecord, aggregate};
 use shardlane_testkit::{Dynalite, HostProcess, Kinesis, guests, unique_name};
 
-use crate::common::{config, field, guest_lines, shardlane_bin};
-
-const SHARD_HASH: [&str; 2] = ["1", "340282366920938463463374607431768211455"];
+use crate::common::{SHARD_HASH, config, echoed_data, guest_lines, shardlane_bin};
 
 async fn kcl_table(dynalite: &Dynalite, table: &str, leases: &[(&str, &str, u64)]) {
     let client = dynalite.client();
@@ -196,11 +194,7 @@ async fn kcl_checkpoints_are_imported_and_reading_resumes_after_them() {
     let lines = host.lines();
     let mut handled: Vec<String> = guest_lines(&lines, "echo ")
         .iter()
-        .map(|l| {
-            let message = field(l, "message");
-            let data = message.split_once(" data=").map_or("", |(_, d)| d);
-            serde_json::from_str::<String>(data).unwrap_or_default()
-        })
+        .map(|l| echoed_data(l))
         .collect();
     handled.sort();
     let mut want: Vec<String> = (5..10)

@@ -15,22 +15,14 @@ use shardlane_testkit::admin::metric_sum;
 use shardlane_testkit::kpl::{UserRecord, aggregate};
 use shardlane_testkit::{HostProcess, Kinesis, guests, unique_name};
 
-use crate::common::{admin_addr, config, field, guest_lines, http, shardlane_bin, wait_checkpoint};
-
-/// An explicit hash key in each half of the hash-key space: with two
-/// shards, shard 0 holds the lower half and shard 1 the upper one.
-const SHARD_HASH: [&str; 2] = ["1", "340282366920938463463374607431768211455"];
+use crate::common::{
+    SHARD_HASH, admin_addr, config, echoed_data, field, guest_lines, http, shardlane_bin,
+    wait_checkpoint,
+};
 
 /// The data of user record `n` of `key`.
 fn data(key: &str, n: usize) -> String {
     format!("{key}#{n}")
-}
-
-/// What the echo guest printed as data (a quoted string), unquoted.
-fn echoed_data(line: &shardlane_testkit::LogLine) -> String {
-    let message = field(line, "message");
-    let quoted = message.split_once(" data=").map_or("", |(_, d)| d);
-    serde_json::from_str(quoted).unwrap_or_else(|_| quoted.to_owned())
 }
 
 #[tokio::test(flavor = "multi_thread")]

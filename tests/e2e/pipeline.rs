@@ -1,13 +1,13 @@
 //! Records through the whole pipeline: Kinesis → lease → reader → channel →
 //! Wasm guest → settlement → checkpoint.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use shardlane_testkit::{HostProcess, Kinesis, guests, unique_name};
 
 use crate::common::{
-    config, field, guest_lines, seq_key, sequences_by_shard, shardlane_bin, subscription,
+    by_shard, config, field, guest_lines, sequences_by_shard, shardlane_bin, subscription,
     wait_positioned,
 };
 
@@ -65,13 +65,8 @@ async fn four_shards_all_records_handled_each_shard_in_order() {
     }
 
     // Exactly the records put, and per shard in sequence order.
-    let mut want: HashMap<String, Vec<String>> = HashMap::new();
-    for (shard, seq) in put {
-        want.entry(shard).or_default().push(seq);
-    }
     let got = sequences_by_shard(&echoed);
-    for (shard, mut want_seqs) in want {
-        want_seqs.sort_by(|a, b| seq_key(a).cmp(&seq_key(b)));
+    for (shard, want_seqs) in by_shard(&put) {
         assert_eq!(got.get(&shard), Some(&want_seqs), "shard {shard} in order");
     }
 
@@ -257,16 +252,7 @@ async fn a_stream_named_by_its_arn_is_read() {
     let kinesis = Kinesis::start().await.unwrap();
     let stream = unique_name("by-arn");
     kinesis.create_stream(&stream, 2).await.unwrap();
-    let arn = kinesis
-        .client()
-        .describe_stream_summary()
-        .stream_name(&stream)
-        .send()
-        .await
-        .unwrap()
-        .stream_description_summary
-        .unwrap()
-        .stream_arn;
+    let arn = kinesis.stream_arn(&stream).await.unwrap();
     assert!(arn.starts_with("arn:aws:kinesis:"), "{arn}");
     let records: Vec<(String, Vec<u8>)> = (0..40)
         .map(|i| (format!("k{i}"), format!("r{i}").into_bytes()))

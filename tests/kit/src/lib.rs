@@ -253,6 +253,24 @@ impl Kinesis {
         self.wait_active(name).await
     }
 
+    /// A stream's ARN (DescribeStreamSummary).
+    ///
+    /// # Errors
+    /// When the call fails.
+    pub async fn stream_arn(&self, name: &str) -> anyhow::Result<String> {
+        let summary = self
+            .client()
+            .describe_stream_summary()
+            .stream_name(name)
+            .send()
+            .await?;
+        Ok(summary
+            .stream_description_summary()
+            .context("DescribeStreamSummary without a summary")?
+            .stream_arn()
+            .to_owned())
+    }
+
     /// Waits until a stream is ACTIVE (after create, split or merge).
     ///
     /// # Errors
