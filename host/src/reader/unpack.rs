@@ -40,6 +40,21 @@ pub(crate) struct Source<'a> {
     pub hash_keys: Option<HashKeyRange>,
 }
 
+/// Whether the record at `position`, index `index` in its Kinesis record
+/// (0 for a plain record), is covered by the checkpoint `skip_through`:
+/// at or before it, or at its sequence number with an index up to its own.
+/// The second rule is how KCL counts (an imported checkpoint, see
+/// `import_kcl`): a plain record is index 0, and the last user record of
+/// an aggregate is checkpointed by its index. shardlane's own checkpoints
+/// stop at an index only inside an aggregate and never at its last user
+/// record (that is the whole record), so the rule skips nothing else.
+fn covered(skip_through: Option<&Position>, position: &Position, index: u32) -> bool {
+    skip_through.is_some_and(|s| {
+        position <= s
+            || (s.sequence() == position.sequence() && s.sub().is_some_and(|k| index <= k))
+    })
+}
+
 impl Source<'_> {
     /// The records of `page`, in shard order, with their positions; drops
     /// those at or before `skip_through`.
@@ -68,15 +83,7 @@ impl Source<'_> {
                         } else {
                             Position::within(fetched.sequence.clone(), sub)
                         };
-                        // Within an aggregate a checkpoint covers user
-                        // records by index: ours never stop at the last
-                        // one (that is the whole record), KCL's do.
-                        let covered = skip_through.is_some_and(|s| {
-                            &position <= s
-                                || (s.sequence() == &fetched.sequence
-                                    && s.sub().is_some_and(|k| sub <= k))
-                        });
-                        if covered {
+                        if covered(skip_through, &position, sub) {
                             continue;
                         }
                         if self.hash_keys.is_some_and(|r| !r.contains(user.hash_key())) {
@@ -106,13 +113,7 @@ impl Source<'_> {
         skip_through: Option<&Position>,
     ) {
         let position = Position::whole(fetched.sequence.clone());
-        // `within(seq, 0)` also covers a plain record at `seq`: that is
-        // how KCL writes a plain record's checkpoint (an imported one, see
-        // `import_kcl`); shardlane's own checkpoints never stop at index 0
-        // of a plain record, so nothing else is skipped by it.
-        let covered_as_kcl =
-            skip_through.is_some_and(|s| s.sub() == Some(0) && s.sequence() == position.sequence());
-        if covered_as_kcl || skip_through.is_some_and(|s| &position <= s) {
+        if covered(skip_through, &position, 0) {
             return;
         }
         out.push((
