@@ -319,10 +319,7 @@ impl ShardReader {
                     return Err(ReaderExit::Cancelled);
                 }
                 reading.backoff.reset();
-                self.skip_through = match &self.position {
-                    ReadFrom::After(p) if p.sub().is_some() => Some(p.clone()),
-                    _ => None,
-                };
+                self.opened_at_position();
                 tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, position = ?self.position, "shard iterator opened");
                 self.ctx.status.reader_positioned(&self.shard);
                 reading.iterator = Some(it);
@@ -430,6 +427,16 @@ impl ShardReader {
                 self.sleep(wait).await
             }
         }
+    }
+
+    /// The shard was (re)opened at the reader's position: inside a KPL
+    /// aggregate that is *at* its sequence number, so the user records up
+    /// to the position are skipped until the page reaches past them.
+    fn opened_at_position(&mut self) {
+        self.skip_through = match &self.position {
+            ReadFrom::After(p) if p.sub().is_some() => Some(p.clone()),
+            _ => None,
+        };
     }
 
     /// Opens a shard iterator at the reader's position; `None` when

@@ -71,10 +71,7 @@ impl ShardReader {
                     continue;
                 }
             };
-            self.skip_through = match &self.position {
-                ReadFrom::After(p) if p.sub().is_some() => Some(p.clone()),
-                _ => None,
-            };
+            self.opened_at_position();
             tracing::info!(subscription = %sub, shard_id = %self.shard, position = ?self.position, "subscribed to the shard");
             self.ctx.status.reader_positioned(&self.shard);
             let mut quiet_since = tokio::time::Instant::now();
