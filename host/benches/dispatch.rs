@@ -29,6 +29,7 @@ use shardlane::ids::{
     LaneId, PartitionKey, Position, SequenceNumber, SessionId, ShardId, StreamName,
 };
 use shardlane::plugin::PluginHost;
+use shardlane::state::CallState;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -45,6 +46,7 @@ impl Handler for NativeNoop {
         &mut self,
         _record: &Arc<Record>,
         _attempt: u32,
+        _state: &mut CallState,
     ) -> Result<Handled<Outcome>, CallError> {
         Ok(Handled::new(Outcome::Ack))
     }
@@ -52,6 +54,7 @@ impl Handler for NativeNoop {
     async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
+        _state: &mut CallState,
     ) -> Result<Handled<Vec<Outcome>>, CallError> {
         Ok(Handled::new(records.iter().map(|_| Outcome::Ack).collect()))
     }
@@ -75,6 +78,7 @@ impl Handler for NativePublish {
         &mut self,
         record: &Arc<Record>,
         _attempt: u32,
+        _state: &mut CallState,
     ) -> Result<Handled<Outcome>, CallError> {
         Ok(Handled {
             outcome: Outcome::Ack,
@@ -90,6 +94,7 @@ impl Handler for NativePublish {
     async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
+        _state: &mut CallState,
     ) -> Result<Handled<Vec<Outcome>>, CallError> {
         Ok(Handled {
             outcome: records.iter().map(|_| Outcome::Ack).collect(),
@@ -620,13 +625,17 @@ fn languages(runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             let mut instance = echo.instantiate(LaneId(0)).await?;
             let started = Instant::now();
             for _ in 0..CALLS {
-                instance.handle(&echo_record, 1).await?;
+                instance
+                    .handle(&echo_record, 1, &mut CallState::default())
+                    .await?;
             }
             let handle = started.elapsed() / CALLS;
             let mut instance = sum.instantiate(LaneId(0)).await?;
             let started = Instant::now();
             for _ in 0..BATCHES {
-                instance.handle_batch(&batch).await?;
+                instance
+                    .handle_batch(&batch, &mut CallState::default())
+                    .await?;
             }
             anyhow::Ok((instantiate, handle, started.elapsed() / BATCHES))
         })?;
@@ -682,7 +691,7 @@ fn recycle_cost(
         let mut instance = chaos.instantiate(LaneId(0)).await?;
         let started = Instant::now();
         for lane in 0..ROUNDS {
-            let failed = instance.handle(&trap, 1).await;
+            let failed = instance.handle(&trap, 1, &mut CallState::default()).await;
             anyhow::ensure!(failed.is_err(), "the chaos guest traps on `trap`");
             instance = chaos.instantiate(LaneId(lane)).await?;
         }

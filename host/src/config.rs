@@ -348,6 +348,8 @@ pub struct Grants {
     pub config: BTreeMap<String, String>,
     /// Where it may send HTTP requests (`http`); `None`: nowhere.
     pub http: Option<HttpGrant>,
+    /// Per-key state (`state`); `None`: none.
+    pub state: Option<Arc<crate::state::StateConfig>>,
 }
 
 /// The `http` table: allowed destinations and per-request bounds.

@@ -75,6 +75,7 @@ use crate::failure::Policy;
 use crate::ids::LaneId;
 use crate::outputs::PublishSender;
 use crate::settlement::SettlementSender;
+use crate::state::StateStage;
 use crate::telemetry::{SubscriptionStatus, Telemetry};
 use lane::{Lane, LaneMetrics};
 
@@ -92,6 +93,7 @@ pub struct Dispatcher<F> {
     publisher: PublishSender,
     telemetry: Arc<Telemetry>,
     status: Arc<SubscriptionStatus>,
+    state: Option<Arc<StateStage>>,
 }
 
 impl<F: HandlerFactory> Dispatcher<F> {
@@ -116,7 +118,14 @@ impl<F: HandlerFactory> Dispatcher<F> {
             publisher,
             telemetry,
             status,
+            state: None,
         }
+    }
+
+    /// Gives every lane the subscription's per-key state.
+    pub fn with_state(mut self, state: Option<Arc<StateStage>>) -> Self {
+        self.state = state;
+        self
     }
 
     fn lane(&self, id: usize) -> Lane<F> {
@@ -134,6 +143,7 @@ impl<F: HandlerFactory> Dispatcher<F> {
                 id as u32,
             ),
         )
+        .with_state(self.state.clone())
     }
 
     /// Runs until the channel is closed and drained, or `hard_stop`.

@@ -208,7 +208,7 @@ pub trait DeadLetterSink: Send + Sync + 'static {
     async fn put(&self, record: &Record, failure: LastFailure<'_>) -> Result<Put, KinesisError>;
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

@@ -181,7 +181,7 @@ pub async fn import_kcl(
             );
         }
         let held = store.acquire(&key, &owner, seen.as_ref()).await?;
-        let held = store.checkpoint(&held, &checkpoint).await?;
+        let held = store.checkpoint(&held, &checkpoint, &[]).await?;
         store.release(&held).await?;
         out.push(Imported::Written(shard, checkpoint.to_string()));
     }

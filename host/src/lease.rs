@@ -41,7 +41,9 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::ids::{OwnerId, Position, SessionId, ShardId, StreamName, SubscriptionName};
+use crate::ids::{
+    OwnerId, PartitionKey, Position, SessionId, ShardId, StreamName, SubscriptionName,
+};
 
 /// Where a shard's processing stands in the lease store.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +96,16 @@ pub struct CheckpointRequest {
     /// The shard's reader stopped and everything it handed out has settled:
     /// this is its last checkpoint, and its lease may be released.
     pub drained: bool,
+}
+
+/// A key's state as a checkpoint commits it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateWrite {
+    /// The partition key.
+    pub key: PartitionKey,
+    /// Its whole state, stored form; `None`: no value left (the stored
+    /// state goes).
+    pub state: Option<Vec<u8>>,
 }
 
 /// Which lease: one per subscription, stream and shard.
@@ -293,12 +305,25 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// request.
     async fn request_handoff(&self, seen: &Lease, to: &OwnerId) -> Result<(), LeaseError>;
 
-    /// Writes the shard's checkpoint (and bumps the counter).
+    /// Writes the shard's checkpoint (and bumps the counter), and with it,
+    /// in the same atomic write, the state of the keys in `state` (see
+    /// [`crate::state`], "Commit protocol"): either everything lands or
+    /// nothing does.
     async fn checkpoint(
         &self,
         held: &HeldLease,
         checkpoint: &Checkpoint,
+        state: &[StateWrite],
     ) -> Result<HeldLease, LeaseError>;
+
+    /// The committed state of partition key `key` in `subscription`, in
+    /// its stored form ([`crate::state::KeyState`]); `None` when it has
+    /// none.
+    async fn load_state(
+        &self,
+        subscription: &SubscriptionName,
+        key: &PartitionKey,
+    ) -> Result<Option<Vec<u8>>, LeaseError>;
 
     /// Gives the lease up so another instance may take it at once.
     async fn release(&self, held: &HeldLease) -> Result<(), LeaseError>;

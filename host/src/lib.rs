@@ -73,6 +73,7 @@ mod pipeline;
 pub mod plugin;
 mod reader;
 mod settlement;
+pub mod state;
 mod supervisor;
 mod swap;
 mod telemetry;

@@ -24,6 +24,25 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum StateCommand {
+    /// Print the committed state of a subscription's keys (its `state`
+    /// table): one line per named value, `<key> <name> <value>`, text as
+    /// it is and other bytes as hex. The file store must not be in use by
+    /// a running instance.
+    Get {
+        /// The TOML config file.
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
+        config: PathBuf,
+        /// The subscription's name.
+        #[arg(long, short)]
+        subscription: String,
+        /// A partition key (repeat for several).
+        #[arg(long, short, required = true)]
+        key: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Run the service until SIGINT or SIGTERM.
     Run {
@@ -63,6 +82,11 @@ enum Command {
         /// The KCL application's lease table (its application name).
         #[arg(long, short)]
         table: String,
+    },
+    /// Inspect per-key state (read-only).
+    State {
+        #[command(subcommand)]
+        command: StateCommand,
     },
     /// Validate a plugin component: print its world and imports.
     Check {
@@ -110,6 +134,14 @@ fn main() -> ExitCode {
             subscription,
         } => deregister_consumer(config, &subscription),
         Command::Validate { config } => validate(config),
+        Command::State {
+            command:
+                StateCommand::Get {
+                    config,
+                    subscription,
+                    key,
+                },
+        } => state_get(config, &subscription, &key),
         Command::Completions { shell } => {
             let mut cli = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut cli, "shardlane", &mut std::io::stdout());
@@ -222,6 +254,42 @@ fn deregister_consumer(config_path: PathBuf, subscription: &str) -> anyhow::Resu
         println!("deregistered stream consumer {consumer:?} of stream {stream:?}");
     } else {
         println!("stream {stream:?} has no consumer {consumer:?}: nothing to deregister");
+    }
+    Ok(())
+}
+
+fn state_get(config_path: PathBuf, subscription: &str, keys: &[String]) -> anyhow::Result<()> {
+    let config = Config::load(&config_path)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let found = runtime.block_on(shardlane::state::inspect(&config, subscription, keys))?;
+    let now = std::time::SystemTime::now();
+    for (key, state) in found {
+        let Some(state) = state else {
+            println!("{key}\t(no state)");
+            continue;
+        };
+        for (name, value) in state.iter() {
+            let shown = match std::str::from_utf8(&value.data) {
+                Ok(text) if !text.chars().any(char::is_control) => text.to_owned(),
+                _ => format!(
+                    "0x{}",
+                    value
+                        .data
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<String>()
+                ),
+            };
+            let expires = value.expires_ms.map(|ms| {
+                let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+                let gone = if at <= now { " (expired)" } else { "" };
+                format!("\texpires={}{gone}", humantime::format_rfc3339_seconds(at))
+            });
+            println!("{key}\t{name}\t{shown}{}", expires.unwrap_or_default());
+        }
     }
     Ok(())
 }

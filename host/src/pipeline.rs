@@ -51,6 +51,7 @@ use crate::outputs::{OutputStage, PUBLISH_QUEUE};
 use crate::reader::ReaderContext;
 use crate::reader::pool::ReaderPool;
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
+use crate::state::{StateMetrics, StateStage};
 use crate::swap::PluginSlot;
 use crate::telemetry::Telemetry;
 
@@ -132,6 +133,14 @@ impl Pipeline {
         let stop_watching = CancellationToken::new();
         let settlement = Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx)
             .with_telemetry(&telemetry);
+        let state = sub.sandbox.grants.state.as_ref().map(|config| {
+            Arc::new(StateStage::new(
+                sub.name.clone(),
+                config.clone(),
+                store.clone(),
+                StateMetrics::new(&telemetry, sub.name.as_str()),
+            ))
+        });
         let dispatcher = Dispatcher::new(
             sub.clone(),
             slot.clone(),
@@ -139,7 +148,8 @@ impl Pipeline {
             settle_tx.clone(),
             publish_tx,
             telemetry.clone(),
-        );
+        )
+        .with_state(state.clone());
         let outputs = OutputStage::new(
             sub.name.clone(),
             sub.sandbox.grants.outputs.iter().cloned(),
@@ -164,7 +174,8 @@ impl Pipeline {
             Arc::new(kinesis),
             status,
             telemetry,
-        );
+        )
+        .with_state(state);
         Self {
             name: sub.name.clone(),
             shutdown_timeout: sub.shutdown_timeout,

@@ -28,3 +28,4 @@ mod ops;
 mod outputs;
 mod packaging;
 mod pipeline;
+mod state;

@@ -84,3 +84,10 @@ pub const MAX_CORE_INSTANCES: u32 = 64;
 /// The most `engine.max_core_instances` may be: each slot of the pool
 /// reserves room for this many instances.
 pub const MAX_CORE_INSTANCES_LIMIT: u32 = 1_024;
+
+/// Largest value a `state.set` may write.
+pub const STATE_MAX_VALUE: u64 = 64 << 10;
+
+/// Most bytes (names and values) one partition key's state may hold: well
+/// under DynamoDB's 400 KB item, which holds a key's state whole.
+pub const STATE_MAX_PER_KEY: u64 = 256 << 10;

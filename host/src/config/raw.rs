@@ -109,6 +109,15 @@ pub(super) struct RawSubscription {
     pub(super) outputs: Option<Vec<String>>,
     pub(super) http: Option<RawHttp>,
     pub(super) config: Option<toml::Table>,
+    pub(super) state: Option<RawState>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawState {
+    pub(super) ttl: Option<String>,
+    pub(super) max_value: Option<String>,
+    pub(super) max_per_key: Option<String>,
 }
 
 #[derive(Deserialize)]

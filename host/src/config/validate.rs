@@ -50,6 +50,7 @@ impl Validator<'_> {
         let (compile_cache, max_core_instances) = self.engine(&raw.engine)?;
         let aws = self.aws(raw.aws)?;
         self.stream_arns(&aws, &subscriptions)?;
+        self.state_fits(&lease, &subscriptions)?;
         Ok(Config {
             compile_cache,
             max_core_instances,
@@ -58,6 +59,28 @@ impl Validator<'_> {
             lease,
             subscriptions,
         })
+    }
+
+    /// Per-key state needs a store that commits it with the checkpoint:
+    /// the DynamoDB store does not yet.
+    fn state_fits(
+        &self,
+        lease: &LeaseConfig,
+        subscriptions: &[SubscriptionConfig],
+    ) -> Result<(), ConfigError> {
+        if !matches!(lease.store, LeaseBackend::DynamoDb { .. }) {
+            return Ok(());
+        }
+        match subscriptions
+            .iter()
+            .position(|sub| sub.sandbox.grants.state.is_some())
+        {
+            Some(i) => Err(self.invalid(
+                format!("subscription[{i}].state"),
+                "per-key state is not supported by the dynamodb lease store yet; use store = \"file\" (one instance) until it is",
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Streams named by ARN (`stream`, `dead_letter_stream`, `outputs`):

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crate::channel::Record;
 use crate::ids::{LaneId, PartitionKey, PluginDigest, StreamName};
+use crate::state::CallState;
 
 /// What a handler says about one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,17 +105,22 @@ impl CallError {
 
 /// One handler instance, owned by one lane.
 pub trait Handler: Send + 'static {
-    /// Handles one record, on its `attempt`-th delivery.
+    /// Handles one record, on its `attempt`-th delivery, with `state` the
+    /// view of its key's state (the default: none), which the call's
+    /// writes change.
     fn handle(
         &mut self,
         record: &Arc<Record>,
         attempt: u32,
+        state: &mut CallState,
     ) -> impl Future<Output = Result<Handled<Outcome>, CallError>> + Send;
 
-    /// Handles a batch; one outcome per record, in order.
+    /// Handles a batch; one outcome per record, in order. `state` as for
+    /// [`Handler::handle`], inputs by their index in the batch.
     fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
+        state: &mut CallState,
     ) -> impl Future<Output = Result<Handled<Vec<Outcome>>, CallError>> + Send;
 
     /// The plugin version that handles `record` in this instance (with a

@@ -36,15 +36,18 @@ use super::{CallError, Handled, Handler, HandlerFactory, Outcome, Output};
 use crate::backoff::Backoff;
 use crate::channel::{Delivery, DeliveryReceiver, Record};
 use crate::config::{BatchConfig, SubscriptionConfig};
-use crate::failure::{self, LastFailure, Next, Policy};
+use crate::failure::Policy;
 use crate::ids::{LaneId, PluginDigest};
 use crate::logging::{MAX_GUEST_TEXT, cap};
 use crate::outputs::{Publish, PublishSender};
 use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
+use crate::state::{CallState, StateStage};
 use crate::telemetry::spans;
 
+mod give_up;
 mod metrics;
 mod publish;
+mod state;
 #[cfg(test)]
 mod tests;
 
@@ -79,6 +82,8 @@ pub(super) struct Lane<F: HandlerFactory> {
     /// Publishes held back until the group under way settles (see
     /// [`publish`]).
     deferred: Deferred,
+    /// The subscription's per-key state, when it has some.
+    state: Option<Arc<StateStage>>,
 }
 
 /// `hard_stop` fired: the lane stops where it is.
@@ -98,6 +103,8 @@ struct Item {
 struct Answer {
     outcomes: Outcomes,
     outputs: Vec<Output>,
+    /// The call's state view, with each input's writes.
+    state: CallState,
 }
 
 /// One outcome, or one per record of a batch.
@@ -140,7 +147,14 @@ impl<F: HandlerFactory> Lane<F> {
             spare: Vec::new(),
             args: Vec::new(),
             deferred: Deferred::default(),
+            state: None,
         }
+    }
+
+    /// Gives the lane's calls the subscription's per-key state.
+    pub(super) fn with_state(mut self, state: Option<Arc<StateStage>>) -> Self {
+        self.state = state;
+        self
     }
 
     fn backoff(&self) -> Backoff {
@@ -271,16 +285,31 @@ impl<F: HandlerFactory> Lane<F> {
                 group[0].attempt,
             )
         };
+        let mut state = match &self.state {
+            Some(stage) => {
+                state::prepare(
+                    stage,
+                    group,
+                    backoff,
+                    hard_stop,
+                    &self.subscription.name,
+                    self.id,
+                )
+                .await?
+            }
+            None => CallState::default(),
+        };
         let handler = self.handler(backoff, hard_stop).await?;
         let started = std::time::Instant::now();
         let result = if batches {
             tokio::select! {
                 _ = hard_stop.cancelled() => None,
-                r = handler.handle_batch(&args).instrument(span) => Some(r.and_then(|Handled { outcome, outputs }| {
+                r = handler.handle_batch(&args, &mut state).instrument(span) => Some(r.and_then(|Handled { mut outcome, outputs }| {
                     // One outcome per record, or the call failed: a record
                     // without one would be neither settled nor retried.
                     if outcome.len() == group.len() {
-                        Ok(Answer { outcomes: Outcomes::Many(outcome.into_iter()), outputs })
+                        state::forbid_dependent_acks(&mut outcome, &state);
+                        Ok(Answer { outcomes: Outcomes::Many(outcome.into_iter()), outputs, state })
                     } else {
                         Err(CallError::WrongOutcomeCount { got: outcome.len(), want: group.len() })
                     }
@@ -292,9 +321,10 @@ impl<F: HandlerFactory> Lane<F> {
             } = &group[0];
             tokio::select! {
                 _ = hard_stop.cancelled() => None,
-                r = handler.handle(record, *attempt).instrument(span) => Some(r.map(|Handled { outcome, outputs }| Answer {
+                r = handler.handle(record, *attempt, &mut state).instrument(span) => Some(r.map(|Handled { outcome, outputs }| Answer {
                     outcomes: Outcomes::One(Some(outcome)),
                     outputs,
+                    state,
                 })),
             }
         };
@@ -374,12 +404,24 @@ impl<F: HandlerFactory> Lane<F> {
         let lone = group.len() == 1;
         let mut acked = Vec::new();
         let mut again = Vec::new();
-        let Answer { outcomes, outputs } = answer;
+        let Answer {
+            outcomes,
+            outputs,
+            mut state,
+        } = answer;
         let mut outputs = OutputsByInput::new(outputs);
         for (index, (item, outcome)) in group.drain(..).zip(outcomes).enumerate() {
             // Only an acking attempt publishes: its outputs go on with it,
             // every other outcome's are dropped here.
             let published = outputs.take(index);
+            // Likewise its state writes, staged before the record settles
+            // (see `crate::state`, "Commit protocol").
+            if outcome == Outcome::Ack
+                && let Some(stage) = &self.state
+                && let Some((key, base, delta)) = state.take(index)
+            {
+                stage.stage(&item.record, &item.ticket, key, base, delta);
+            }
             match outcome {
                 Outcome::Ack if !published.is_empty() => {
                     self.metrics.acked.inc();
@@ -524,95 +566,6 @@ impl<F: HandlerFactory> Lane<F> {
             tracing::error!(subscription = sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, batch_len, error = %error, "guest error: the whole batch failed");
         }
         error.to_string()
-    }
-
-    /// After a failed attempt of one record: the record to try again (its
-    /// attempt counted), or `None` when it was given up on and settled.
-    async fn after_failure(
-        &mut self,
-        mut item: Item,
-        reason: &str,
-        version: Option<PluginDigest>,
-        stop: &CancellationToken,
-    ) -> Result<Option<Item>, Stopped> {
-        let policy = self.policy.clone();
-        match policy.after_failure(item.attempt, failure::age(&item.record)) {
-            Next::Retry => {}
-            Next::Blocked => self.log_blocked(&item.record, item.attempt, reason),
-            next => {
-                return if self.give_up(item, next, reason, version, stop).await {
-                    Ok(None)
-                } else {
-                    Err(Stopped)
-                };
-            }
-        }
-        item.attempt = item.attempt.saturating_add(1);
-        Ok(Some(item))
-    }
-
-    fn log_blocked(&self, record: &Record, attempt: u32, reason: &str) {
-        self.metrics.blocked.inc();
-        let since = attempt.saturating_sub(self.policy.max_attempts().unwrap_or(0));
-        if since.is_multiple_of(BLOCKED_LOG_EVERY) || since <= 1 {
-            tracing::error!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, reason, "record blocked: out of attempts, on_failure = block keeps retrying it (the lane waits)");
-        }
-    }
-
-    /// Settles a record given up on as `next` says: dead-letters it first
-    /// (retrying the put until it succeeds), or skips it. False when
-    /// `hard_stop` cut it off (the record then stays unsettled).
-    async fn give_up(
-        &mut self,
-        item: Item,
-        next: Next<'_>,
-        reason: &str,
-        version: Option<PluginDigest>,
-        stop: &CancellationToken,
-    ) -> bool {
-        let Item {
-            record,
-            ticket,
-            attempt: attempts,
-            ..
-        } = item;
-        let sub = self.subscription.name.clone();
-        match next {
-            Next::DeadLetter(sink) => {
-                let failure = LastFailure {
-                    reason,
-                    attempts,
-                    version: version.as_ref(),
-                };
-                let mut backoff = Backoff::new(DEAD_LETTER_BACKOFF.0, DEAD_LETTER_BACKOFF.1);
-                loop {
-                    let put = tokio::select! {
-                        _ = stop.cancelled() => return false,
-                        put = sink.put(&record, failure) => put,
-                    };
-                    match put {
-                        Ok(put) => {
-                            self.metrics.dead_lettered.inc();
-                            tracing::warn!(subscription = %sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, partition_key = %record.partition_key, attempts, reason, dead_letter_stream = %sink.stream(), dead_letter_sequence = put.sequence, data_omitted = put.data_omitted, data_bytes = record.data.len(), "record dead-lettered");
-                            break;
-                        }
-                        Err(e) => {
-                            tracing::error!(subscription = %sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, error = %e, "dead-letter put failed; retrying (the record stays unsettled)");
-                            if !sleep(backoff.next_wait(), stop).await {
-                                return false;
-                            }
-                        }
-                    }
-                }
-            }
-            // Retry and Blocked never reach here (see `after_failure`).
-            Next::Skip | Next::Retry | Next::Blocked => {
-                self.metrics.skipped.inc();
-                tracing::error!(subscription = %sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, partition_key = %record.partition_key, attempts, reason, "record skipped");
-            }
-        }
-        self.settle(SettlementMsg::Settle(ticket)).await;
-        true
     }
 
     /// The plugin version the lane's instance runs for `record`.

@@ -34,8 +34,8 @@ use aws_sdk_dynamodb::types::{
 };
 
 use super::Checkpoint;
-use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
-use crate::ids::{OwnerId, ShardId, StreamName, SubscriptionName};
+use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite};
+use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
 
 const GROUP: &str = "lease_group";
 const SHARD: &str = "shard_id";
@@ -43,6 +43,10 @@ const OWNER: &str = "owner";
 const COUNTER: &str = "counter";
 const CHECKPOINT: &str = "checkpoint";
 const HANDOFF: &str = "handoff_to";
+
+/// Per-key state is not kept in DynamoDB yet: config refuses a `state`
+/// table with this store, so this is never reached.
+const NO_STATE: &str = "per-key state is not supported by the DynamoDB lease store yet";
 
 /// How long start-up waits for a new table to become ACTIVE.
 const TABLE_ACTIVE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -411,9 +415,21 @@ impl LeaseStore for DynamoDbLeaseStore {
         &self,
         held: &HeldLease,
         checkpoint: &Checkpoint,
+        state: &[StateWrite],
     ) -> Result<HeldLease, LeaseError> {
+        if !state.is_empty() {
+            return Err(LeaseError::Store(NO_STATE.to_owned()));
+        }
         self.update_held(held, Some((CHECKPOINT, s(&checkpoint.to_string()))), false)
             .await
+    }
+
+    async fn load_state(
+        &self,
+        _subscription: &SubscriptionName,
+        _key: &PartitionKey,
+    ) -> Result<Option<Vec<u8>>, LeaseError> {
+        Err(LeaseError::Store(NO_STATE.to_owned()))
     }
 
     async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {

@@ -9,6 +9,11 @@
 //! value written atomically, and a committed checkpoint survives a crash
 //! (redb commits are durable: fsynced before `commit` returns).
 //!
+//! Per-key state ([`crate::state`]) lives in a second table, `state`, keyed
+//! by `subscription \x1f partition key`, each value a key's whole state in
+//! its stored form. A checkpoint and its state writes are one write
+//! transaction: both land, or neither.
+//!
 //! One process per file: redb locks the file, and a second instance on the
 //! same path fails at start-up with a message that says so. Since only this
 //! process can own leases in the file, leases left owned by an earlier
@@ -32,10 +37,11 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::Checkpoint;
-use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, rules};
-use crate::ids::{OwnerId, ShardId, StreamName, SubscriptionName};
+use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite, rules};
+use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
 
 const LEASES: TableDefinition<&str, &str> = TableDefinition::new("leases");
+const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
 const SEP: char = '\u{1f}';
 
 /// The stored form of one lease.
@@ -96,6 +102,10 @@ pub struct FileLeaseStore {
 
 fn store_error(e: impl std::fmt::Display) -> LeaseError {
     LeaseError::Store(e.to_string())
+}
+
+fn state_key(subscription: &SubscriptionName, key: &PartitionKey) -> String {
+    format!("{subscription}{SEP}{key}")
 }
 
 fn db_key(key: &LeaseKey) -> String {
@@ -319,10 +329,62 @@ impl LeaseStore for FileLeaseStore {
         &self,
         held: &HeldLease,
         checkpoint: &Checkpoint,
+        state: &[StateWrite],
     ) -> Result<HeldLease, LeaseError> {
         let checkpoint = checkpoint.clone();
-        self.update_held(held, move |lease| lease.checkpoint = Some(checkpoint))
-            .await
+        if state.is_empty() {
+            return self
+                .update_held(held, move |lease| lease.checkpoint = Some(checkpoint))
+                .await;
+        }
+        let (db, held, state) = (self.db.clone(), held.clone(), state.to_vec());
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_write().map_err(store_error)?;
+            let now = {
+                let mut leases = txn.open_table(LEASES).map_err(store_error)?;
+                let current = read_in(&leases, &held.key)?;
+                let (lease, now) = rules::update_held(current, &held, |lease| {
+                    lease.checkpoint = Some(checkpoint)
+                })?;
+                write_in(&mut leases, &lease)?;
+                let mut table = txn.open_table(STATE).map_err(store_error)?;
+                for write in &state {
+                    let key = state_key(&held.key.subscription, &write.key);
+                    match &write.state {
+                        Some(bytes) => table.insert(key.as_str(), bytes.as_slice()),
+                        None => table.remove(key.as_str()),
+                    }
+                    .map_err(store_error)?;
+                }
+                now
+            };
+            // Dropped without a commit on any error above: nothing lands.
+            txn.commit().map_err(store_error)?;
+            Ok(now)
+        })
+        .await
+        .map_err(store_error)?
+    }
+
+    async fn load_state(
+        &self,
+        subscription: &SubscriptionName,
+        key: &PartitionKey,
+    ) -> Result<Option<Vec<u8>>, LeaseError> {
+        let db = self.db.clone();
+        let key = state_key(subscription, key);
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read().map_err(store_error)?;
+            let table = match txn.open_table(STATE) {
+                Ok(table) => table,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(store_error(e)),
+            };
+            let found = table.get(key.as_str()).map_err(store_error)?;
+            Ok(found.map(|v| v.value().to_vec()))
+        })
+        .await
+        .map_err(store_error)?
     }
 
     async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {
@@ -373,6 +435,53 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn state_lands_with_its_checkpoint_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::At(Position::whole(SequenceNumber::parse("42").unwrap()));
+        let (app, k) = (SubscriptionName::from("app"), PartitionKey::from("k"));
+        let write = |state: Option<&[u8]>| StateWrite {
+            key: k.clone(),
+            state: state.map(<[u8]>::to_vec),
+        };
+        {
+            let store = FileLeaseStore::open(dir.path()).unwrap();
+            assert_eq!(store.load_state(&app, &k).await.unwrap(), None);
+            let held = store.acquire(&key("s-1"), &"a".into(), None).await.unwrap();
+            let renewed = store.renew(&held).await.unwrap();
+            // A fenced write writes no state either.
+            assert!(
+                store
+                    .checkpoint(&held, &cp, &[write(Some(b"x"))])
+                    .await
+                    .is_err()
+            );
+            assert_eq!(store.load_state(&app, &k).await.unwrap(), None);
+            let held = store
+                .checkpoint(&renewed, &cp, &[write(Some(b"v1"))])
+                .await
+                .unwrap();
+            assert_eq!(
+                store.load_state(&app, &k).await.unwrap().as_deref(),
+                Some(&b"v1"[..])
+            );
+            let held = store.checkpoint(&held, &cp, &[write(None)]).await.unwrap();
+            assert_eq!(store.load_state(&app, &k).await.unwrap(), None);
+            let held = store.renew(&held).await.unwrap();
+            store
+                .checkpoint(&held, &cp, &[write(Some(b"v2"))])
+                .await
+                .unwrap();
+        }
+        // Durable across a reopen; another subscription's key is another key.
+        let store = FileLeaseStore::open(dir.path()).unwrap();
+        assert_eq!(
+            store.load_state(&app, &k).await.unwrap().as_deref(),
+            Some(&b"v2"[..])
+        );
+        assert_eq!(store.load_state(&"other".into(), &k).await.unwrap(), None);
+    }
+
+    #[tokio::test]
     async fn survives_reopen_and_frees_orphans() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::At(Position::within(
@@ -382,10 +491,10 @@ mod tests {
         {
             let store = FileLeaseStore::open(dir.path()).unwrap();
             let held = store.acquire(&key("s-1"), &"a".into(), None).await.unwrap();
-            let held = store.checkpoint(&held, &cp).await.unwrap();
+            let held = store.checkpoint(&held, &cp, &[]).await.unwrap();
             store.renew(&held).await.unwrap();
             assert!(
-                store.checkpoint(&held, &cp).await.is_err(),
+                store.checkpoint(&held, &cp, &[]).await.is_err(),
                 "stale counter is fenced"
             );
             store.acquire(&key("s-2"), &"a".into(), None).await.unwrap();

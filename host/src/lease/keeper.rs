@@ -125,6 +125,7 @@ use crate::config::{LeaseConfig, SubscriptionConfig};
 use crate::ids::{OwnerId, SessionId, ShardId, StreamName};
 use crate::kinesis::{HashKeyRange, Kinesis, KinesisError, ReadFrom, ShardInfo};
 use crate::logging::LogGate;
+use crate::state::StateStage;
 use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry};
 
 /// Checkpoint requests queued to the keeper; settlement coalesces them to
@@ -267,9 +268,18 @@ pub struct Keeper {
     /// with no lease yet is invisible to the planner's live count, and
     /// would otherwise lose the race to the giver's next sync forever).
     handed_over: HashMap<ShardId, Instant>,
+    /// The subscription's per-key state, committed with each checkpoint.
+    state: Option<Arc<StateStage>>,
 }
 
 impl Keeper {
+    /// Commits `state`'s writes with each checkpoint, and opens and closes
+    /// its shard sessions as leases are taken and lost.
+    pub fn with_state(mut self, state: Option<Arc<StateStage>>) -> Self {
+        self.state = state;
+        self
+    }
+
     /// The keeper of `subscription`'s leases in `store`, held as `owner`,
     /// listing shards from `shards` and reporting to `status`.
     pub fn new(
@@ -313,6 +323,7 @@ impl Keeper {
             next_session: 1,
             stopping: false,
             outbox: VecDeque::new(),
+            state: None,
         }
     }
 
@@ -420,9 +431,10 @@ impl Keeper {
             } => self.on_renewed(shard, session, sent_at, result),
             Io::Checkpointed {
                 request,
+                commit,
                 sent_at,
                 result,
-            } => self.on_checkpointed(request, sent_at, result),
+            } => self.on_checkpointed(request, commit, sent_at, result),
             Io::Released { shard, result } => match result {
                 Ok(()) => {
                     tracing::info!(subscription = %self.subscription.name, shard_id = %shard, held = self.held.len(), "lease released")

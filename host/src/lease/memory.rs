@@ -10,14 +10,21 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::Checkpoint;
-use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, rules};
-use crate::ids::{OwnerId, StreamName, SubscriptionName};
+use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite, rules};
+use crate::ids::{OwnerId, PartitionKey, StreamName, SubscriptionName};
 
-/// Leases in a map behind a std mutex: every operation is a short, purely
-/// in-memory critical section, never held across an `.await`.
+/// Leases (and state) in maps behind one std mutex: every operation is a
+/// short, purely in-memory critical section, never held across an
+/// `.await`, so a checkpoint and its state writes land together.
 #[derive(Debug, Default)]
 pub struct MemoryLeaseStore {
-    leases: Mutex<BTreeMap<LeaseKey, Lease>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    leases: BTreeMap<LeaseKey, Lease>,
+    state: BTreeMap<(SubscriptionName, PartitionKey), Vec<u8>>,
 }
 
 impl MemoryLeaseStore {
@@ -27,9 +34,13 @@ impl MemoryLeaseStore {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<LeaseKey, Lease>) -> R) -> R {
+        self.with_all(|inner| f(&mut inner.leases))
+    }
+
+    fn with_all<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
         // A panic while holding the lock cannot leave a lease half-written
         // (each closure assigns whole values), so a poisoned map is usable.
-        let mut guard = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut guard)
     }
 
@@ -88,8 +99,36 @@ impl LeaseStore for MemoryLeaseStore {
         &self,
         held: &HeldLease,
         checkpoint: &Checkpoint,
+        state: &[StateWrite],
     ) -> Result<HeldLease, LeaseError> {
-        self.update_held(held, |lease| lease.checkpoint = Some(checkpoint.clone()))
+        self.with_all(|inner| {
+            let (lease, now) =
+                rules::update_held(inner.leases.get(&held.key).cloned(), held, |lease| {
+                    lease.checkpoint = Some(checkpoint.clone())
+                })?;
+            inner.leases.insert(held.key.clone(), lease);
+            for write in state {
+                let key = (held.key.subscription.clone(), write.key.clone());
+                match &write.state {
+                    Some(bytes) => inner.state.insert(key, bytes.clone()),
+                    None => inner.state.remove(&key),
+                };
+            }
+            Ok(now)
+        })
+    }
+
+    async fn load_state(
+        &self,
+        subscription: &SubscriptionName,
+        key: &PartitionKey,
+    ) -> Result<Option<Vec<u8>>, LeaseError> {
+        Ok(self.with_all(|inner| {
+            inner
+                .state
+                .get(&(subscription.clone(), key.clone()))
+                .cloned()
+        }))
     }
 
     async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {
@@ -143,15 +182,15 @@ mod tests {
         assert_eq!(renewed.handoff, Some(b.clone()));
         // A stale view (old counter) cannot write.
         let cp = Checkpoint::At(Position::whole(SequenceNumber::parse("42").unwrap()));
-        assert!(store.checkpoint(&held_a, &cp).await.is_err());
+        assert!(store.checkpoint(&held_a, &cp, &[]).await.is_err());
         // b takes it over as observed (e.g. after judging it expired).
         let seen = store.read(&key()).await.unwrap().unwrap();
         let held_b = store.acquire(&key(), &b, Some(&seen)).await.unwrap();
         assert!(
-            store.checkpoint(&renewed, &cp).await.is_err(),
+            store.checkpoint(&renewed, &cp, &[]).await.is_err(),
             "a is fenced out"
         );
-        let held_b = store.checkpoint(&held_b, &cp).await.unwrap();
+        let held_b = store.checkpoint(&held_b, &cp, &[]).await.unwrap();
         store.release(&held_b).await.unwrap();
         let lease = store.read(&key()).await.unwrap().unwrap();
         assert_eq!(lease.owner, None);

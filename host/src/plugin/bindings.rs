@@ -3,7 +3,7 @@
 //! (`wit/v0.1.0`), each with its two worlds.
 //!
 //! In each version the batch world reuses the record world's interface
-//! bindings (`with:`), so one host implementation of `log` (and `outputs`)
+//! bindings (`with:`), so one host implementation of `log` (and `outputs`, `state`)
 //! serves both worlds and the Rust types of a record and an outcome are the
 //! same in both. The 0.2.0 worlds' WASI imports (`wasi:http`, `wasi:io`,
 //! `wasi:clocks`) map onto wasmtime-wasi's and wasmtime-wasi-http's own
@@ -73,6 +73,7 @@ pub(super) mod v2 {
                 "shardlane:plugin/types": super::record::shardlane::plugin::types,
                 "shardlane:plugin/log": super::record::shardlane::plugin::log,
                 "shardlane:plugin/outputs": super::record::shardlane::plugin::outputs,
+                "shardlane:plugin/state": super::record::shardlane::plugin::state,
                 "wasi:config/store": super::record::wasi::config::store,
                 "wasi:io": wasmtime_wasi::p2::bindings::io,
                 "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
@@ -83,6 +84,7 @@ pub(super) mod v2 {
 
     pub(crate) use record::shardlane::plugin::log;
     pub(crate) use record::shardlane::plugin::outputs;
+    pub(crate) use record::shardlane::plugin::state;
     pub(crate) use record::shardlane::plugin::types::{KinesisRecord, Outcome};
     pub(crate) use record::wasi::config::store as config;
 }

@@ -73,6 +73,7 @@ impl PluginHost {
         v1::log::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         v2::log::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         v2::outputs::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        v2::state::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         v2::config::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         Ok(Self {
             engine,

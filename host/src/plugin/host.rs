@@ -3,6 +3,7 @@
 //! the guest's imports act on — one submodule per import: [`log`] (both
 //! contract versions, rate-limited per instance), [`outputs`] (records
 //! published during a call, held until the lane knows its outcome),
+//! [`state`] (per-key state, on the call's [`CallState`]),
 //! [`config`] (`wasi:config/store` over the subscription's `config`) and
 //! [`http`] (`wasi:http/outgoing-handler` to allowed destinations only).
 
@@ -10,6 +11,7 @@ mod config;
 mod http;
 mod log;
 mod outputs;
+mod state;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +28,7 @@ use crate::channel::Record;
 use crate::config::{Grants, SandboxConfig};
 use crate::dispatch::Output;
 use crate::ids::{LaneId, PluginDigest, SubscriptionName};
+use crate::state::CallState;
 
 /// The record(s) being handled: the context of guest log lines, and what
 /// outputs may name as their input.
@@ -185,6 +188,8 @@ pub(super) struct HostState {
     /// Outputs published during the call under way, and their bytes.
     outputs: Vec<Output>,
     output_bytes: usize,
+    /// The call's view of its keys' state.
+    state: CallState,
     http: WasiHttpCtx,
     http_gate: HttpGate,
 }
@@ -235,6 +240,7 @@ impl HostState {
             grants: sandbox.grants.clone(),
             outputs: Vec::new(),
             output_bytes: 0,
+            state: CallState::default(),
             http: WasiHttpCtx::new(),
             http_gate: HttpGate::new(sandbox.grants.http.clone(), http_metrics),
         })
@@ -253,18 +259,26 @@ impl HostState {
     /// A call begins, to end by `deadline` (its `handler_timeout`): guest
     /// log lines carry `call`'s record(s), outputs may name them, and no
     /// HTTP request outlives the deadline.
-    pub(super) fn begin_call(&mut self, call: CallContext, deadline: tokio::time::Instant) {
+    pub(super) fn begin_call(
+        &mut self,
+        call: CallContext,
+        state: CallState,
+        deadline: tokio::time::Instant,
+    ) {
         self.call = call;
+        self.state = state;
         self.outputs.clear();
         self.output_bytes = 0;
         self.http_gate.set_deadline(Some(deadline));
     }
 
-    /// The call ended: reports dropped log lines when due. Returns whether
-    /// a memory growth was refused during it (the call failed for memory),
-    /// and the outputs it published.
-    pub(super) fn end_call(&mut self) -> (bool, Vec<Output>) {
+    /// The call ended: reports dropped log lines when due, and puts the
+    /// call's state view back in `state`. Returns whether a memory growth
+    /// was refused during it (the call failed for memory), and the outputs
+    /// it published.
+    pub(super) fn end_call(&mut self, state: &mut CallState) -> (bool, Vec<Output>) {
         self.call = CallContext::Idle;
+        *state = std::mem::take(&mut self.state);
         self.http_gate.set_deadline(None);
         self.report_dropped(false);
         self.output_bytes = 0;

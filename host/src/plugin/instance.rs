@@ -17,6 +17,7 @@ use crate::channel::Record;
 use crate::config::SandboxConfig;
 use crate::dispatch::{CallError, Handled, Handler, HandlerFactory, Outcome};
 use crate::ids::{LaneId, PluginDigest, SubscriptionName};
+use crate::state::CallState;
 
 /// A pre-instantiated component, in its contract version and world.
 pub(super) enum PluginPre {
@@ -231,14 +232,17 @@ impl Instance {
     async fn run<T>(
         &mut self,
         call: CallContext,
+        state: &mut CallState,
         guest: impl AsyncFnOnce(&Exports, &mut Store<HostState>) -> Option<wasmtime::Result<T>>,
     ) -> Result<Handled<T>, CallError> {
         let timeout = self.timeout;
         self.refuel()?;
         let deadline = tokio::time::Instant::now() + timeout;
-        self.store.data_mut().begin_call(call, deadline);
+        self.store
+            .data_mut()
+            .begin_call(call, std::mem::take(state), deadline);
         let result = tokio::time::timeout(timeout, guest(&self.exports, &mut self.store)).await;
-        let (out_of_memory, outputs) = self.store.data_mut().end_call();
+        let (out_of_memory, outputs) = self.store.data_mut().end_call(state);
         match result {
             Ok(Some(Ok(outcome))) => Ok(Handled { outcome, outputs }),
             Ok(Some(Err(trap))) => Err(failed(&trap, out_of_memory)),
@@ -260,9 +264,11 @@ impl Instance {
         &mut self,
         record: &Arc<Record>,
         attempt: u32,
+        state: &mut CallState,
     ) -> Result<Handled<Outcome>, CallError> {
         self.run(
             CallContext::Record(record.clone()),
+            state,
             async |exports, store| match exports {
                 Exports::V1Record(h) => Some(
                     h.call_handle(store, to_v1(record, attempt))
@@ -288,6 +294,7 @@ impl Instance {
     pub async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
+        state: &mut CallState,
     ) -> Result<Handled<Vec<Outcome>>, CallError> {
         let Some((first, _)) = records.first() else {
             return Ok(Handled::new(Vec::new()));
@@ -297,7 +304,7 @@ impl Instance {
             len: records.len(),
         };
         let handled = self
-            .run(call, async |exports, store| match exports {
+            .run(call, state, async |exports, store| match exports {
                 Exports::V1Batch(h) => {
                     let args: Vec<_> = records.iter().map(|(r, a)| to_v1(r, *a)).collect();
                     // Same layout on both sides: collected in place.
@@ -353,15 +360,17 @@ impl Handler for Instance {
         &mut self,
         record: &Arc<Record>,
         attempt: u32,
+        state: &mut CallState,
     ) -> impl Future<Output = Result<Handled<Outcome>, CallError>> + Send {
-        Instance::handle(self, record, attempt)
+        Instance::handle(self, record, attempt, state)
     }
 
     fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
+        state: &mut CallState,
     ) -> impl Future<Output = Result<Handled<Vec<Outcome>>, CallError>> + Send {
-        Instance::handle_batch(self, records)
+        Instance::handle_batch(self, records, state)
     }
 
     fn version(&self, _record: &Record) -> Option<PluginDigest> {

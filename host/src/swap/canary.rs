@@ -17,6 +17,7 @@ use crate::channel::Record;
 use crate::dispatch::{CallError, Handled, Handler, Outcome};
 use crate::ids::{LaneId, PartitionKey, PluginDigest};
 use crate::plugin::{Instance, Plugin, PluginError};
+use crate::state::CallState;
 use crate::telemetry::{Counter, Telemetry};
 
 /// Parts per million: the resolution of a [`KeySlice`].
@@ -207,16 +208,17 @@ impl Handler for SlotInstance {
         &mut self,
         record: &Arc<Record>,
         attempt: u32,
+        state: &mut CallState,
     ) -> Result<Handled<Outcome>, CallError> {
         let role = self.role_for(record);
         let Some(canary) = &mut self.canary else {
-            return self.stable.handle(record, attempt).await;
+            return self.stable.handle(record, attempt, state).await;
         };
         let (instance, counts) = match role {
             Role::Candidate => (&mut canary.instance, &canary.candidate_counts),
             Role::Stable => (&mut self.stable, &canary.stable_counts),
         };
-        let result = instance.handle(record, attempt).await;
+        let result = instance.handle(record, attempt, state).await;
         counts.count_one(result.as_ref().map(|h| &h.outcome));
         result
     }
@@ -224,9 +226,10 @@ impl Handler for SlotInstance {
     async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
+        state: &mut CallState,
     ) -> Result<Handled<Vec<Outcome>>, CallError> {
         let Some(canary) = &mut self.canary else {
-            return self.stable.handle_batch(records).await;
+            return self.stable.handle_batch(records, state).await;
         };
         let (to_candidate, to_stable): (Vec<usize>, Vec<usize>) =
             (0..records.len()).partition(|&i| canary.slice.contains(&records[i].0.partition_key));
@@ -246,9 +249,13 @@ impl Handler for SlotInstance {
         };
         if !to_stable.is_empty() {
             let result = if to_candidate.is_empty() {
-                self.stable.handle_batch(records).await
+                self.stable.handle_batch(records, state).await
             } else {
-                self.stable.handle_batch(&part(&to_stable)).await
+                // A key is in one part only: each part gets its keys' state.
+                let mut own = state.part(&to_stable);
+                let result = self.stable.handle_batch(&part(&to_stable), &mut own).await;
+                state.absorb(own, &to_stable);
+                result
             };
             canary
                 .stable_counts
@@ -257,9 +264,15 @@ impl Handler for SlotInstance {
         }
         if !to_candidate.is_empty() {
             let result = if to_stable.is_empty() {
-                canary.instance.handle_batch(records).await
+                canary.instance.handle_batch(records, state).await
             } else {
-                canary.instance.handle_batch(&part(&to_candidate)).await
+                let mut own = state.part(&to_candidate);
+                let result = canary
+                    .instance
+                    .handle_batch(&part(&to_candidate), &mut own)
+                    .await;
+                state.absorb(own, &to_candidate);
+                result
             };
             canary
                 .candidate_counts

@@ -519,6 +519,9 @@ pub mod guests {
         /// `tests/guests/noop-publish` (contract 0.2.0): one output per
         /// record to `bench-out`, then ack (benchmarks).
         pub noop_publish: PathBuf,
+        /// `tests/guests/stateful` (contract 0.2.0): adds to its key's total
+        /// in per-key state, then acks, retries, traps or rejects.
+        pub stateful: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -586,6 +589,7 @@ pub mod guests {
             hostile_batch: out.join("hostile_batch.wasm"),
             publisher: out.join("publisher.wasm"),
             noop_publish: out.join("noop_publish.wasm"),
+            stateful: out.join("stateful.wasm"),
         })
     }
 }
@@ -631,6 +635,10 @@ pub struct Examples {
     pub batch_sum: PathBuf,
     /// `poison/dist/poison.wasm`: retries, rejects or acks by the data.
     pub poison: PathBuf,
+    /// `running-total/dist/running-total.wasm` (contract 0.2.0, per-key
+    /// state): adds each record's amount to its key's total. Rust only so
+    /// far.
+    pub running_total: PathBuf,
 }
 
 /// Builds `lang`'s examples with `guest-examples/<lang>/build.sh`, once per
@@ -674,6 +682,7 @@ pub fn build_examples(lang: Language) -> anyhow::Result<Examples> {
                 echo: built("echo"),
                 batch_sum: built("batch-sum"),
                 poison: built("poison"),
+                running_total: built("running-total"),
             })
         })
         .clone()

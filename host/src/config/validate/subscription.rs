@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::raw::{
-    RawBackoff, RawCanary, RawHttp, RawOnFailure, RawPreopen, RawStart, RawSubscription,
+    RawBackoff, RawCanary, RawHttp, RawOnFailure, RawPreopen, RawStart, RawState, RawSubscription,
 };
 use super::super::{
     BatchConfig, CanaryConfig, ConfigError, DispatchMode, FailurePolicy, Grants, HttpDestination,
@@ -15,6 +15,7 @@ use super::super::{
 };
 use super::Validator;
 use crate::ids::{StreamName, SubscriptionName};
+use crate::state::StateConfig;
 use crate::swap::KeySlice;
 
 /// The checks of `subscription[i]`, each naming its key under that prefix.
@@ -57,6 +58,12 @@ impl Subscription<'_, '_> {
         let batch = self.batch(&sub)?;
         let failure = self.failure(&sub, batch.is_some())?;
         let sandbox = self.sandbox(&sub, batch)?;
+        if sandbox.grants.state.is_some() && matches!(dispatch, DispatchMode::Workers(_)) {
+            return Err(self.invalid(
+                "state",
+                "needs ordered dispatch, where a key's records are handled one after another: sequential, or workers with by_key = true",
+            ));
+        }
         let canary = self.canary(sub.canary.as_ref())?;
         Ok(SubscriptionConfig {
             canary,
@@ -424,10 +431,60 @@ impl Subscription<'_, '_> {
             None => None,
             Some(http) => Some(self.http(http)?),
         };
+        let state = match &sub.state {
+            None => None,
+            Some(state) => Some(Arc::new(self.state(state)?)),
+        };
         Ok(Grants {
             outputs,
             config,
             http,
+            state,
+        })
+    }
+
+    fn state(&self, state: &RawState) -> Result<StateConfig, ConfigError> {
+        let ttl = match state.ttl.as_deref() {
+            None => None,
+            Some(ttl) => Some(self.duration("state.ttl", Some(ttl), Duration::ZERO)?),
+        };
+        if ttl == Some(Duration::ZERO) {
+            return Err(self.invalid(
+                "state.ttl",
+                "must be longer than 0 (leave it out for no expiry)",
+            ));
+        }
+        let size = |key: &str, value: Option<&str>, default: u64| {
+            self.v
+                .size(
+                    &self.at(key),
+                    value,
+                    default as usize,
+                    (1, "1 byte"),
+                    "\"64KiB\", \"1MiB\"",
+                )
+                .map(|n| n as u64)
+        };
+        let max_value = size(
+            "state.max_value",
+            state.max_value.as_deref(),
+            defaults::STATE_MAX_VALUE,
+        )?;
+        let max_per_key = size(
+            "state.max_per_key",
+            state.max_per_key.as_deref(),
+            defaults::STATE_MAX_PER_KEY.max(max_value),
+        )?;
+        if max_per_key < max_value {
+            return Err(self.invalid(
+                "state.max_per_key",
+                format!("{max_per_key} bytes is less than state.max_value ({max_value} bytes)"),
+            ));
+        }
+        Ok(StateConfig {
+            ttl,
+            max_value,
+            max_per_key,
         })
     }
 

@@ -22,6 +22,7 @@ use crate::ids::{
 };
 use crate::kinesis::KinesisError;
 use crate::settlement::{SettlementMsg, Ticket};
+use crate::state::CallState;
 use crate::telemetry::Telemetry;
 
 mod batches;
@@ -79,6 +80,7 @@ impl Handler for Scripted {
         &mut self,
         record: &Arc<Record>,
         attempt: u32,
+        _state: &mut CallState,
     ) -> Result<Handled<Outcome>, CallError> {
         self.script.calls.lock().unwrap().push(Call {
             records: vec![(offset_of(record), attempt)],
@@ -97,6 +99,7 @@ impl Handler for Scripted {
     async fn handle_batch(
         &mut self,
         records: &[(Arc<Record>, u32)],
+        _state: &mut CallState,
     ) -> Result<Handled<Vec<Outcome>>, CallError> {
         self.script.calls.lock().unwrap().push(Call {
             records: records.iter().map(|(r, a)| (offset_of(r), *a)).collect(),

@@ -8,7 +8,10 @@ use tokio::time::Instant;
 
 use crate::ids::{OwnerId, SessionId, ShardId};
 use crate::kinesis::{KinesisError, ShardInfo};
-use crate::lease::{Checkpoint, CheckpointRequest, HeldLease, Lease, LeaseError, LeaseStore};
+use crate::lease::{
+    Checkpoint, CheckpointRequest, HeldLease, Lease, LeaseError, LeaseStore, StateWrite,
+};
+use crate::state::Commit;
 
 /// A store call's answer, back from its task.
 pub(super) enum Io {
@@ -33,6 +36,8 @@ pub(super) enum Io {
     Checkpointed {
         /// What was written, for which session of the lease.
         request: CheckpointRequest,
+        /// The state written with it.
+        commit: Commit,
         sent_at: Instant,
         result: Result<HeldLease, LeaseError>,
     },
@@ -102,12 +107,13 @@ pub(super) async fn checkpoint(
     owner: &OwnerId,
     held: &HeldLease,
     checkpoint: &Checkpoint,
+    state: &[StateWrite],
     limit: Duration,
 ) -> Result<HeldLease, LeaseError> {
-    match bounded(limit, store.checkpoint(held, checkpoint)).await {
+    match bounded(limit, store.checkpoint(held, checkpoint, state)).await {
         Err(LeaseError::Lost(_)) => {
             let lease = bounded(limit, recover(store, owner, held)).await?;
-            bounded(limit, store.checkpoint(&lease, checkpoint)).await
+            bounded(limit, store.checkpoint(&lease, checkpoint, state)).await
         }
         other => other,
     }

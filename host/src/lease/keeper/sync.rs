@@ -259,6 +259,9 @@ impl Keeper {
         };
         self.status
             .lease_taken(&shard, &self.owner, lease.checkpoint.as_ref());
+        if let Some(state) = &self.state {
+            state.open(&shard, session);
+        }
         self.outbox.push_back(Assignment::Read {
             shard: shard.clone(),
             session,

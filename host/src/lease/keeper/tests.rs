@@ -16,9 +16,11 @@ use super::{Assignment, Keeper, ShardSource, StopReason, merge};
 use crate::config::Config;
 use crate::config::StartPosition;
 use crate::ids::{
-    OwnerId, Position, SequenceNumber, SessionId, ShardId, StreamName, SubscriptionName,
+    OwnerId, PartitionKey, Position, SequenceNumber, SessionId, ShardId, StreamName,
+    SubscriptionName,
 };
 use crate::kinesis::{KinesisError, ReadFrom, ShardInfo};
+use crate::lease::StateWrite;
 use crate::lease::memory::MemoryLeaseStore;
 use crate::lease::{
     Checkpoint, CheckpointRequest, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore,
@@ -102,6 +104,7 @@ impl LeaseStore for Store {
         &self,
         held: &HeldLease,
         checkpoint: &Checkpoint,
+        state: &[StateWrite],
     ) -> Result<HeldLease, LeaseError> {
         let slow = self.slow_checkpoints.lock().unwrap().clone();
         if let Some((shard, delay)) = slow
@@ -117,7 +120,15 @@ impl LeaseStore for Store {
             return Err(LeaseError::Store("scripted outage".into()));
         }
         self.checkpoints.fetch_add(1, Ordering::SeqCst);
-        self.inner.checkpoint(held, checkpoint).await
+        self.inner.checkpoint(held, checkpoint, state).await
+    }
+
+    async fn load_state(
+        &self,
+        subscription: &SubscriptionName,
+        key: &PartitionKey,
+    ) -> Result<Option<Vec<u8>>, LeaseError> {
+        self.inner.load_state(subscription, key).await
     }
 
     async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {
@@ -241,7 +252,7 @@ impl Rig {
 async fn left_at(store: &Store, shard: &str, checkpoint: Checkpoint) {
     let other = OwnerId::from("earlier");
     let held = store.acquire(&key(shard), &other, None).await.unwrap();
-    let held = store.checkpoint(&held, &checkpoint).await.unwrap();
+    let held = store.checkpoint(&held, &checkpoint, &[]).await.unwrap();
     store.release(&held).await.unwrap();
 }
 

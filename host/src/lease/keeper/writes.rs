@@ -8,6 +8,7 @@ use super::calls::{Io, bounded, checkpoint, renew};
 use super::{Assignment, Keeper, StopReason};
 use crate::ids::{SessionId, ShardId};
 use crate::lease::{Checkpoint, CheckpointRequest, HeldLease, LeaseError};
+use crate::state::Commit;
 
 impl Keeper {
     /// A renewal round: every held lease renews at once, each in its own
@@ -62,6 +63,7 @@ impl Keeper {
     fn force_release(&mut self, shard: &ShardId) {
         tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, "in-flight records did not settle within shutdown_timeout; releasing the lease anyway (the next owner reads them again)");
         if let Some(holding) = self.held.remove(shard) {
+            self.close_state(shard, holding.session);
             if holding.lease.handoff.is_some() {
                 self.handed_over.insert(shard.clone(), Instant::now());
             }
@@ -95,11 +97,20 @@ impl Keeper {
                 return;
             };
             holding.writing = true;
+            // The state writes of the records the checkpoint passes go in
+            // the same write (see `crate::state`, "Commit protocol").
+            let commit = self
+                .state
+                .as_ref()
+                .map(|state| state.commit(shard, session, &point))
+                .unwrap_or_default();
             self.io.spawn(async move {
                 let sent_at = Instant::now();
-                let result = checkpoint(&*store, &owner, &lease, &point, limit).await;
+                let result =
+                    checkpoint(&*store, &owner, &lease, &point, &commit.writes, limit).await;
                 Io::Checkpointed {
                     request,
+                    commit,
                     sent_at,
                     result,
                 }
@@ -193,6 +204,7 @@ impl Keeper {
     /// Stops the shard's reader at once: the lease is no longer ours.
     fn lose(&mut self, shard: &ShardId, why: &str) {
         if let Some(holding) = self.held.remove(shard) {
+            self.close_state(shard, holding.session);
             self.leases_held.set(self.held.len() as u64);
             // Dropping the holding closes the reader's validity channel, so
             // the reader stops handing out records even before it gets this.
@@ -202,6 +214,14 @@ impl Keeper {
                 why: StopReason::Lost,
             });
             tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, why, held = self.held.len(), "lease lost; reader stopped");
+        }
+    }
+
+    /// The shard's session ended here: state it staged and did not commit
+    /// goes (the next taker reads from the checkpoint).
+    fn close_state(&self, shard: &ShardId, session: SessionId) {
+        if let Some(state) = &self.state {
+            state.close(shard, session);
         }
     }
 
@@ -238,6 +258,7 @@ impl Keeper {
     pub(super) fn on_checkpointed(
         &mut self,
         request: CheckpointRequest,
+        commit: Commit,
         sent_at: Instant,
         result: Result<HeldLease, LeaseError>,
     ) {
@@ -252,11 +273,22 @@ impl Keeper {
         };
         match result {
             Ok(lease) => {
-                tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = %point, "checkpoint written");
+                tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = %point, state_writes = commit.writes.len(), "checkpoint written");
+                if let Some(state) = &self.state
+                    && !commit.is_empty()
+                {
+                    state
+                        .metrics()
+                        .commit_seconds
+                        .observe_duration(sent_at.elapsed());
+                    state.metrics().writes.observe(commit.writes.len() as f64);
+                    state.committed(&shard, session, commit);
+                }
                 self.status.checkpointed(&shard, &point);
                 if point == Checkpoint::ShardEnd {
                     // The shard is done: nobody needs to read it again.
-                    if self.held.remove(&shard).is_some() {
+                    if let Some(holding) = self.held.remove(&shard) {
+                        self.close_state(&shard, holding.session);
                         self.release(&shard, lease);
                     }
                     return;
@@ -304,6 +336,7 @@ impl Keeper {
         let Some(holding) = self.held.remove(shard) else {
             return;
         };
+        self.close_state(shard, holding.session);
         match holding.releasing {
             Some(since) => {
                 tracing::info!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = checkpoint.map(tracing::field::display), drain = ?since.elapsed(), "final checkpoint written");

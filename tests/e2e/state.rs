@@ -1,0 +1,255 @@
+//! Per-key state (contract 0.2.0 `state`), exactly once with the
+//! checkpoint: totals kept by the `running-total` example stay exact across
+//! `kill -9` restarts with the file store, and the writes of attempts that
+//! retry, trap or reject never persist.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use shardlane_testkit::{
+    HostProcess, Kinesis, Language, LogLine, build_examples, guests, unique_name,
+};
+use tokio::task::JoinHandle;
+
+use crate::common::{field, guest_lines, shardlane_bin};
+
+const KEYS: usize = 50;
+
+/// A file-store config for subscription `totals` on `stream`.
+fn file_config(dir: &Path, stream: &str, plugin: &Path) -> String {
+    format!(
+        r#"
+[admin]
+listen = "127.0.0.1:0"
+
+[lease]
+store = "file"
+path = "{}"
+
+[[subscription]]
+name = "totals"
+stream = "{stream}"
+plugin = "{}"
+start = "trim_horizon"
+poll_idle = "50ms"
+max_reads_per_second = 20
+checkpoint_every = "100ms"
+log_rate = 1000000
+state = {{ max_value = "1KiB" }}
+"#,
+        dir.join("leases").display(),
+        plugin.display()
+    )
+}
+
+/// Puts `{"amount": n}` records over [`KEYS`] keys, 25 every 100 ms, until
+/// stopped; returns every (key, amount) put.
+fn amounts(kinesis: &Kinesis, stream: &str) -> (Arc<AtomicBool>, JoinHandle<Vec<(String, i64)>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let client = kinesis.client();
+    let stream = stream.to_owned();
+    let task = tokio::spawn(async move {
+        let mut put = Vec::new();
+        let mut i = 0usize;
+        while !flag.load(Ordering::SeqCst) {
+            for _ in 0..25 {
+                i += 1;
+                let (key, amount) = (format!("key-{}", i % KEYS), (i % 9) as i64 + 1);
+                // One PutRecord at a time keeps each key's order exact.
+                client
+                    .put_record()
+                    .stream_name(&stream)
+                    .partition_key(&key)
+                    .data(aws_sdk_kinesis::primitives::Blob::new(format!(
+                        "{{\"amount\": {amount}}}"
+                    )))
+                    .send()
+                    .await
+                    .expect("PutRecord");
+                put.push((key, amount));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        put
+    });
+    (stop, task)
+}
+
+/// Each key's total as a guest logged it last (`total key=<k> total=<t>`).
+fn logged_totals<'a>(lines: impl Iterator<Item = &'a LogLine>) -> BTreeMap<String, i64> {
+    let mut totals = BTreeMap::new();
+    for line in lines {
+        let message = field(line, "message");
+        let Some(rest) = message.strip_prefix("total key=") else {
+            continue;
+        };
+        let (key, rest) = rest.split_once(" total=").expect("total line");
+        let total = rest.split(' ').next().unwrap().parse().expect("a total");
+        totals.insert(key.to_owned(), total);
+    }
+    totals
+}
+
+/// The committed totals of `keys`, read by `shardlane state get`.
+fn committed_totals(config: &Path, keys: &[String]) -> BTreeMap<String, i64> {
+    let mut cmd = Command::new(shardlane_bin());
+    cmd.args(["state", "get", "--subscription", "totals", "--config"])
+        .arg(config);
+    for key in keys {
+        cmd.args(["--key", key]);
+    }
+    let out = cmd.output().expect("shardlane state get runs");
+    assert!(
+        out.status.success(),
+        "shardlane state get: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.split('\t');
+            let (key, name, value) = (parts.next()?, parts.next()?, parts.next()?);
+            (name == "total").then(|| (key.to_owned(), value.parse().expect("a total")))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn running_totals_are_exact_across_kill_9_restarts_with_the_file_store() {
+    let examples = build_examples(Language::Rust).unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let stream = unique_name("state-file");
+    kinesis.create_stream(&stream, 2).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shardlane.toml");
+    let cfg = file_config(dir.path(), &stream, &examples.running_total);
+    std::fs::write(&config, &cfg).unwrap();
+
+    let (stop, producer) = amounts(&kinesis, &stream);
+    let mut earlier: Vec<LogLine> = Vec::new();
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    for kill in 0..10 {
+        host.wait_for("records handled", Duration::from_secs(60), |lines| {
+            guest_lines(lines, "total key=").len() >= 20
+        })
+        .await
+        .unwrap_or_else(|e| panic!("before kill {kill}: {e:#}"));
+        host.kill9().unwrap();
+        earlier.extend(host.lines());
+        host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let put = producer.await.unwrap();
+    let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+    for (key, amount) in &put {
+        *expected.entry(key.clone()).or_default() += amount;
+    }
+    host.wait_for("every key's total", Duration::from_secs(120), |lines| {
+        logged_totals(earlier.iter().chain(lines)) == expected
+    })
+    .await
+    .unwrap_or_else(|e| {
+        let got = logged_totals(earlier.iter().chain(host.lines().iter()));
+        panic!("{e:#}: logged {got:?}, expected {expected:?}")
+    });
+    assert!(host.terminate().await.unwrap().success());
+
+    // No record counted twice, ever: every total a guest saw is at most
+    // the key's final sum.
+    let all: Vec<LogLine> = earlier.into_iter().chain(host.lines()).collect();
+    for line in guest_lines(&all, "total key=") {
+        let seen = logged_totals(std::iter::once(line));
+        for (key, total) in seen {
+            assert!(
+                total <= expected[&key],
+                "{key} reached {total}, more than its sum {}",
+                expected[&key]
+            );
+        }
+    }
+    let keys: Vec<String> = expected.keys().cloned().collect();
+    assert_eq!(committed_totals(&config, &keys), expected);
+    eprintln!(
+        "state across 10 kill -9: {} records over {} keys, {} handled (redeliveries included), totals exact",
+        put.len(),
+        expected.len(),
+        guest_lines(&all, "total key=").len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_of_attempts_that_retry_trap_or_reject_do_not_persist() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let stream = unique_name("state-outcomes");
+    kinesis.create_stream(&stream, 1).await.unwrap();
+    let records: Vec<(String, Vec<u8>)> = [
+        ("k", "add=1"),
+        ("j", "add=5;reject"),
+        ("k", "add=10;retry-once"),
+        ("k", "add=100;trap-once"),
+        ("j", "add=7"),
+        ("k", "add=1000;reject"),
+        ("k", "add=10000"),
+    ]
+    .iter()
+    .map(|(k, d)| (k.to_string(), d.as_bytes().to_vec()))
+    .collect();
+    kinesis.put_records(&stream, &records).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shardlane.toml");
+    let cfg = file_config(dir.path(), &stream, &guests.stateful)
+        + "retry_backoff = { initial = \"10ms\", max = \"50ms\" }\n";
+    std::fs::write(&config, &cfg).unwrap();
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    host.wait_for("the last record", Duration::from_secs(60), |lines| {
+        logged_totals(lines.iter()).get("k") == Some(&10_111)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}: {:?}", logged_totals(host.lines().iter())));
+    assert!(host.terminate().await.unwrap().success());
+
+    // What each attempt saw: the discarded writes never show.
+    let lines = host.lines();
+    let seen: Vec<String> = guest_lines(&lines, "total key=")
+        .iter()
+        .map(|l| field(l, "message").to_owned())
+        .collect();
+    let expected_k = [
+        "total key=k total=1 attempt=1 then=",
+        "total key=k total=11 attempt=1 then=retry-once",
+        "total key=k total=11 attempt=2 then=retry-once",
+        "total key=k total=111 attempt=1 then=trap-once",
+        "total key=k total=111 attempt=2 then=trap-once",
+        "total key=k total=1111 attempt=1 then=reject",
+        "total key=k total=10111 attempt=1 then=",
+    ];
+    let k: Vec<&str> = seen
+        .iter()
+        .map(String::as_str)
+        .filter(|m| m.starts_with("total key=k "))
+        .collect();
+    assert_eq!(k, expected_k);
+    let j: Vec<&str> = seen
+        .iter()
+        .map(String::as_str)
+        .filter(|m| m.starts_with("total key=j "))
+        .collect();
+    assert_eq!(
+        j,
+        [
+            "total key=j total=5 attempt=1 then=reject",
+            "total key=j total=7 attempt=1 then="
+        ]
+    );
+    assert_eq!(
+        committed_totals(&config, &["k".into(), "j".into()]),
+        BTreeMap::from([("j".to_owned(), 7), ("k".to_owned(), 10_111)])
+    );
+}
