@@ -36,7 +36,10 @@
 //!    order). The store writes `C` and those states in one atomic write,
 //!    conditional on the lease being held (owner and counter): a redb write
 //!    transaction for the file store, one critical section for the memory
-//!    store. Only when it lands does the stage's committed state move.
+//!    store, and for DynamoDB pending values committed by the lease item's
+//!    conditional update (see [`crate::lease::dynamodb`], whose
+//!    `state` module argues it). Only when it lands does the stage's
+//!    committed state move.
 //! 3. **Sessions.** A lease's taking is a reader session. The stage keeps
 //!    a shard's cache and staged writes for its current session only: a new
 //!    session (the lease taken again) starts from the store, and a session
@@ -71,7 +74,7 @@ mod stage;
 use std::time::Duration;
 
 pub use call::{CallState, Delta, StateError};
-pub use codec::{KeyState, Value};
+pub use codec::{KeyState, VALUE_OVERHEAD, Value};
 pub use stage::{CACHED_KEYS_PER_SHARD, Commit, StateStage};
 
 use crate::telemetry::{Gauge, Histogram, Telemetry};

@@ -1,7 +1,8 @@
 //! Per-key state (contract 0.2.0 `state`), exactly once with the
 //! checkpoint: totals kept by the `running-total` example stay exact across
-//! `kill -9` restarts with the file store, and the writes of attempts that
-//! retry, trap or reject never persist.
+//! `kill -9` restarts with the file store, in a DynamoDB fleet of two under
+//! `kill -9` and a SIGTERM hand-over, and across a split and a merge; the
+//! writes of attempts that retry, trap or reject never persist.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,11 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shardlane_testkit::{
-    HostProcess, Kinesis, Language, LogLine, build_examples, guests, unique_name,
+    Dynalite, HostProcess, Kinesis, Language, LogLine, build_examples, guests, unique_name,
 };
 use tokio::task::JoinHandle;
 
 use crate::common::{field, guest_lines, shardlane_bin};
+use crate::leases::{env, fleet_config, split_then_merge, wait_counts};
 
 const KEYS: usize = 50;
 
@@ -95,11 +97,28 @@ fn logged_totals<'a>(lines: impl Iterator<Item = &'a LogLine>) -> BTreeMap<Strin
     totals
 }
 
-/// The committed totals of `keys`, read by `shardlane state get`.
+/// The committed totals of `keys` of subscription `totals`, read by
+/// `shardlane state get`.
 fn committed_totals(config: &Path, keys: &[String]) -> BTreeMap<String, i64> {
+    committed_totals_of(config, "totals", keys, &[])
+}
+
+/// The committed totals of `keys` of `subscription`, read by `shardlane
+/// state get` with `env`.
+fn committed_totals_of(
+    config: &Path,
+    subscription: &str,
+    keys: &[String],
+    env: &[(&str, &str)],
+) -> BTreeMap<String, i64> {
     let mut cmd = Command::new(shardlane_bin());
-    cmd.args(["state", "get", "--subscription", "totals", "--config"])
-        .arg(config);
+    cmd.args(["state", "get", "--subscription", subscription, "--config"])
+        .arg(config)
+        // As the host processes run: the emulators take any credentials.
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .envs(env.iter().copied());
     for key in keys {
         cmd.args(["--key", key]);
     }
@@ -252,4 +271,151 @@ async fn writes_of_attempts_that_retry_trap_or_reject_do_not_persist() {
         committed_totals(&config, &["k".into(), "j".into()]),
         BTreeMap::from([("j".to_owned(), 7), ("k".to_owned(), 10_111)])
     );
+}
+
+/// Every key's sum of the amounts put.
+fn sums(put: &[(String, i64)]) -> BTreeMap<String, i64> {
+    let mut sums: BTreeMap<String, i64> = BTreeMap::new();
+    for (key, amount) in put {
+        *sums.entry(key.clone()).or_default() += amount;
+    }
+    sums
+}
+
+/// No guest ever saw a total above its key's sum: nothing counted twice.
+fn never_over(lines: &[LogLine], expected: &BTreeMap<String, i64>) {
+    for line in guest_lines(lines, "total key=") {
+        for (key, total) in logged_totals(std::iter::once(line)) {
+            assert!(
+                total <= expected[&key],
+                "{key} reached {total}, more than its sum {}",
+                expected[&key]
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn running_totals_are_exact_in_a_dynamodb_fleet_under_kill_9_and_hand_over() {
+    let examples = build_examples(Language::Rust).unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dynalite = Dynalite::start().await.unwrap();
+    let stream = unique_name("state-fleet");
+    let table = unique_name("state-leases");
+    kinesis.create_stream(&stream, 4).await.unwrap();
+    let env = env(&kinesis, &dynalite);
+    let dir = tempfile::tempdir().unwrap();
+    let config = |owner: &str| {
+        fleet_config(
+            owner,
+            &table,
+            &stream,
+            &examples.running_total,
+            "state = {}",
+        )
+    };
+    std::fs::write(dir.path().join("a.toml"), config("host-a")).unwrap();
+    let start =
+        |owner: &str| HostProcess::start_with(shardlane_bin(), &config(owner), &env).unwrap();
+    let mut hosts = [start("host-a"), start("host-b")];
+    let (stop, producer) = amounts(&kinesis, &stream);
+    wait_counts(&dynalite, &table, &[2, 2], Duration::from_secs(60)).await;
+    let mut all: Vec<LogLine> = Vec::new();
+    // Kill -9 one instance at a time, by a fixed pseudo-random pick, and
+    // start it again.
+    let mut pick = 0x9e37_79b9u32;
+    for kill in 0..10 {
+        pick ^= pick << 13;
+        pick ^= pick >> 17;
+        pick ^= pick << 5;
+        let victim = (pick % 2) as usize;
+        let before = guest_lines(&hosts[victim].lines(), "total key=").len();
+        hosts[victim]
+            .wait_for("records handled", Duration::from_secs(60), |lines| {
+                guest_lines(lines, "total key=").len() >= before + 5
+            })
+            .await
+            .unwrap_or_else(|e| panic!("before kill {kill}: {e:#}"));
+        hosts[victim].kill9().unwrap();
+        all.extend(hosts[victim].lines());
+        hosts[victim] = start(if victim == 0 { "host-a" } else { "host-b" });
+    }
+    // A graceful hand-over: host-b stops, host-a takes every shard.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(hosts[1].terminate().await.unwrap().success());
+    all.extend(hosts[1].lines());
+    wait_counts(&dynalite, &table, &[4], Duration::from_secs(60)).await;
+    stop.store(true, Ordering::SeqCst);
+    let put = producer.await.unwrap();
+    let expected = sums(&put);
+    let keys: Vec<String> = expected.keys().cloned().collect();
+    let a_config = dir.path().join("a.toml");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let committed = committed_totals_of(&a_config, "fleet", &keys, &env);
+        if committed == expected {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "committed totals never reached the sums: {committed:?}, expected {expected:?}"
+        );
+        // Polling the committed state while host-a catches up.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(hosts[0].terminate().await.unwrap().success());
+    all.extend(hosts[0].lines());
+    never_over(&all, &expected);
+    assert_eq!(
+        committed_totals_of(&a_config, "fleet", &keys, &env),
+        expected
+    );
+    eprintln!(
+        "state in a DynamoDB fleet, 10 kill -9 and a hand-over: {} records over {} keys, {} handled, totals exact",
+        put.len(),
+        expected.len(),
+        guest_lines(&all, "total key=").len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn running_totals_follow_their_keys_across_a_split_and_a_merge() {
+    let examples = build_examples(Language::Rust).unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let stream = unique_name("state-reshard");
+    kinesis.create_stream(&stream, 2).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shardlane.toml");
+    let cfg = file_config(dir.path(), &stream, &examples.running_total)
+        .replace("[lease]\n", "[lease]\nshard_sync_every = \"1s\"\n");
+    std::fs::write(&config, &cfg).unwrap();
+    let (stop, producer) = amounts(&kinesis, &stream);
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    host.wait_for("records handled", Duration::from_secs(60), |lines| {
+        guest_lines(lines, "total key=").len() >= 50
+    })
+    .await
+    .unwrap();
+    split_then_merge(&kinesis, &stream).await;
+    stop.store(true, Ordering::SeqCst);
+    let put = producer.await.unwrap();
+    let expected = sums(&put);
+    host.wait_for("every key's total", Duration::from_secs(120), |lines| {
+        logged_totals(lines.iter()) == expected
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}: logged {:?}", logged_totals(host.lines().iter())));
+    assert!(host.terminate().await.unwrap().success());
+    let lines = host.lines();
+    never_over(&lines, &expected);
+    let shards: std::collections::HashSet<&str> = guest_lines(&lines, "total key=")
+        .iter()
+        .map(|l| field(l, "shard_id"))
+        .collect();
+    assert!(
+        shards.len() >= 5,
+        "parents and children handled records: {shards:?}"
+    );
+    let keys: Vec<String> = expected.keys().cloned().collect();
+    assert_eq!(committed_totals(&config, &keys), expected);
 }

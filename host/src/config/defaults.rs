@@ -88,6 +88,10 @@ pub const MAX_CORE_INSTANCES_LIMIT: u32 = 1_024;
 /// Largest value a `state.set` may write.
 pub const STATE_MAX_VALUE: u64 = 64 << 10;
 
-/// Most bytes (names and values) one partition key's state may hold: well
-/// under DynamoDB's 400 KB item, which holds a key's state whole.
-pub const STATE_MAX_PER_KEY: u64 = 256 << 10;
+/// Most bytes one partition key's state may hold (names and values, and 24
+/// bytes per value).
+pub const STATE_MAX_PER_KEY: u64 = 128 << 10;
+
+/// The most `state.max_per_key` may be with the DynamoDB store: a key's
+/// item holds its committed and its pending state, in at most 400 KB.
+pub const STATE_MAX_PER_KEY_DYNAMODB: u64 = 192 << 10;

@@ -598,3 +598,85 @@ fn aws_profile_and_role_are_checked() {
         assert!(err.contains(key), "{lines}: {err}");
     }
 }
+
+#[test]
+fn state_takes_defaults_and_its_limits() {
+    let config = parse(&format!(
+        "{MINIMAL}state = {{ ttl = \"7d\", max_value = \"1KiB\" }}\n"
+    ))
+    .unwrap();
+    let state = config.subscriptions[0]
+        .sandbox
+        .grants
+        .state
+        .clone()
+        .unwrap();
+    assert_eq!(state.ttl, Some(Duration::from_secs(7 * 86_400)));
+    assert_eq!(state.max_value, 1 << 10);
+    assert_eq!(state.max_per_key, defaults::STATE_MAX_PER_KEY);
+    assert!(
+        parse(MINIMAL).unwrap().subscriptions[0]
+            .sandbox
+            .grants
+            .state
+            .is_none()
+    );
+    // by_key lanes keep a key's order: state is allowed.
+    parse(&format!(
+        "{MINIMAL}workers = 4\nby_key = true\nstate = {{}}\n"
+    ))
+    .unwrap();
+}
+
+#[test]
+fn bad_state_settings_are_named_on_one_line() {
+    let dynamodb = "[lease]\nstore = \"dynamodb\"\ntable = \"leases\"\n";
+    for (head, extra, key, why) in [
+        (
+            "",
+            "state = { ttl = \"soon\" }",
+            "subscription[0].state.ttl",
+            "is not a duration",
+        ),
+        (
+            "",
+            "state = { ttl = \"0s\" }",
+            "subscription[0].state.ttl",
+            "longer than zero",
+        ),
+        (
+            "",
+            "state = { max_value = \"big\" }",
+            "subscription[0].state.max_value",
+            "is not a size",
+        ),
+        (
+            "",
+            "state = { max_value = \"64KiB\", max_per_key = \"1KiB\" }",
+            "subscription[0].state.max_per_key",
+            "less than state.max_value",
+        ),
+        (
+            "",
+            "workers = 4\nstate = {}",
+            "subscription[0].state",
+            "needs ordered dispatch",
+        ),
+        (
+            "",
+            "state = { size = 1 }",
+            "subscription[0]",
+            "unknown field",
+        ),
+        (
+            dynamodb,
+            "state = { max_per_key = \"1MiB\" }",
+            "subscription[0].state.max_per_key",
+            "more than the dynamodb store holds per key",
+        ),
+    ] {
+        let err = parse(&format!("{head}{MINIMAL}{extra}\n")).unwrap_err();
+        assert!(err.contains(key) && err.contains(why), "{extra}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}

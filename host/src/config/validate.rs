@@ -61,8 +61,8 @@ impl Validator<'_> {
         })
     }
 
-    /// Per-key state needs a store that commits it with the checkpoint:
-    /// the DynamoDB store does not yet.
+    /// With the DynamoDB store a key's state is one item, which holds its
+    /// committed and its pending state in at most 400 KB.
     fn state_fits(
         &self,
         lease: &LeaseConfig,
@@ -71,16 +71,21 @@ impl Validator<'_> {
         if !matches!(lease.store, LeaseBackend::DynamoDb { .. }) {
             return Ok(());
         }
-        match subscriptions
-            .iter()
-            .position(|sub| sub.sandbox.grants.state.is_some())
-        {
-            Some(i) => Err(self.invalid(
-                format!("subscription[{i}].state"),
-                "per-key state is not supported by the dynamodb lease store yet; use store = \"file\" (one instance) until it is",
-            )),
-            None => Ok(()),
+        for (i, sub) in subscriptions.iter().enumerate() {
+            if let Some(state) = &sub.sandbox.grants.state
+                && state.max_per_key > defaults::STATE_MAX_PER_KEY_DYNAMODB
+            {
+                return Err(self.invalid(
+                    format!("subscription[{i}].state.max_per_key"),
+                    format!(
+                        "{} bytes is more than the dynamodb store holds per key ({} bytes: a key's item holds its committed and its pending state, at most 400 KB)",
+                        state.max_per_key,
+                        defaults::STATE_MAX_PER_KEY_DYNAMODB
+                    ),
+                ));
+            }
         }
+        Ok(())
     }
 
     /// Streams named by ARN (`stream`, `dead_letter_stream`, `outputs`):

@@ -11,6 +11,9 @@
 //! | `checkpoint` | S | a sequence number, or `SHARD_END`; absent before the first checkpoint |
 //! | `handoff_to` | S | an instance that asked the owner to hand the lease over; absent otherwise |
 //!
+//! Per-key state lives in the same table, in items whose keys no lease can
+//! have, committed with the checkpoint (see the `state` submodule).
+//!
 //! Billing is on demand (PAY_PER_REQUEST) when the host creates the table
 //! (`create_table = true`). One Query per sync lists a subscription's leases;
 //! every read is strongly consistent.
@@ -33,6 +36,8 @@ use aws_sdk_dynamodb::types::{
     ScalarAttributeType, TableStatus,
 };
 
+mod state;
+
 use super::Checkpoint;
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite};
 use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
@@ -43,10 +48,6 @@ const OWNER: &str = "owner";
 const COUNTER: &str = "counter";
 const CHECKPOINT: &str = "checkpoint";
 const HANDOFF: &str = "handoff_to";
-
-/// Per-key state is not kept in DynamoDB yet: config refuses a `state`
-/// table with this store, so this is never reached.
-const NO_STATE: &str = "per-key state is not supported by the DynamoDB lease store yet";
 
 /// How long start-up waits for a new table to become ACTIVE.
 const TABLE_ACTIVE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -239,7 +240,7 @@ impl DynamoDbLeaseStore {
     async fn update_held(
         &self,
         held: &HeldLease,
-        extra_set: Option<(&str, AttributeValue)>,
+        extra_set: &[(&str, AttributeValue)],
         remove_owner: bool,
     ) -> Result<HeldLease, LeaseError> {
         let mut update = "SET #c = #c + :one".to_owned();
@@ -255,11 +256,11 @@ impl DynamoDbLeaseStore {
             .expression_attribute_values(":me", s(held.owner.as_str()))
             .expression_attribute_values(":seen", n(held.counter))
             .return_values(ReturnValue::AllNew);
-        if let Some((attribute, value)) = extra_set {
-            update.push_str(", #x = :x");
+        for (i, (attribute, value)) in extra_set.iter().enumerate() {
+            update.push_str(&format!(", #x{i} = :x{i}"));
             request = request
-                .expression_attribute_names("#x", attribute)
-                .expression_attribute_values(":x", value);
+                .expression_attribute_names(format!("#x{i}"), *attribute)
+                .expression_attribute_values(format!(":x{i}"), value.clone());
         }
         if remove_owner {
             update.push_str(" REMOVE #o, #h");
@@ -408,7 +409,7 @@ impl LeaseStore for DynamoDbLeaseStore {
     }
 
     async fn renew(&self, held: &HeldLease) -> Result<HeldLease, LeaseError> {
-        self.update_held(held, None, false).await
+        self.update_held(held, &[], false).await
     }
 
     async fn checkpoint(
@@ -418,22 +419,22 @@ impl LeaseStore for DynamoDbLeaseStore {
         state: &[StateWrite],
     ) -> Result<HeldLease, LeaseError> {
         if !state.is_empty() {
-            return Err(LeaseError::Store(NO_STATE.to_owned()));
+            return self.commit_state(held, checkpoint, state).await;
         }
-        self.update_held(held, Some((CHECKPOINT, s(&checkpoint.to_string()))), false)
+        self.update_held(held, &[(CHECKPOINT, s(&checkpoint.to_string()))], false)
             .await
     }
 
     async fn load_state(
         &self,
-        _subscription: &SubscriptionName,
-        _key: &PartitionKey,
+        subscription: &SubscriptionName,
+        key: &PartitionKey,
     ) -> Result<Option<Vec<u8>>, LeaseError> {
-        Err(LeaseError::Store(NO_STATE.to_owned()))
+        self.load_committed(subscription, key).await
     }
 
     async fn release(&self, held: &HeldLease) -> Result<(), LeaseError> {
-        self.update_held(held, None, true).await.map(|_| ())
+        self.update_held(held, &[], true).await.map(|_| ())
     }
 
     async fn request_handoff(&self, seen: &Lease, to: &OwnerId) -> Result<(), LeaseError> {

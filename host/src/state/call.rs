@@ -283,7 +283,8 @@ mod tests {
     fn limits_and_bad_inputs_are_errors_that_change_nothing() {
         let config = StateConfig {
             max_value: 4,
-            max_per_key: 12,
+            // "name" = 1234 weighs 4 + 4 + 24; with "other" it would be 65.
+            max_per_key: 60,
             ttl: None,
         };
         let mut state = call(config, &["k"]);
@@ -294,7 +295,7 @@ mod tests {
         state.set(0, "name", b"1234".to_vec()).unwrap();
         assert_eq!(
             state.set(0, "other", b"1234".to_vec()),
-            Err(StateError::KeyTooLarge(12))
+            Err(StateError::KeyTooLarge(60))
         );
         // Replacing a value counts it once.
         state.set(0, "name", b"5678".to_vec()).unwrap();

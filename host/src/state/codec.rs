@@ -36,7 +36,8 @@ impl Value {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyState {
     values: BTreeMap<String, Value>,
-    /// Names and data together, what `max_per_key` bounds.
+    /// What `max_per_key` bounds: names and data, plus
+    /// [`VALUE_OVERHEAD`] per value.
     bytes: usize,
 }
 
@@ -61,8 +62,13 @@ struct StoredValue {
     expires_ms: Option<u64>,
 }
 
+/// Bytes counted per value on top of its name and data: at least what the
+/// stored form adds (protobuf tags and lengths, the expiry), so a key's
+/// stored state is never larger than its count.
+pub const VALUE_OVERHEAD: usize = 24;
+
 fn weight(name: &str, value: &Value) -> usize {
-    name.len() + value.data.len()
+    name.len() + value.data.len() + VALUE_OVERHEAD
 }
 
 impl KeyState {
@@ -94,10 +100,10 @@ impl KeyState {
     /// `data_len` bytes.
     pub fn bytes_with(&self, name: &str, data_len: usize) -> usize {
         let old = self.values.get(name).map_or(0, |v| weight(name, v));
-        self.bytes - old + name.len() + data_len
+        self.bytes - old + name.len() + data_len + VALUE_OVERHEAD
     }
 
-    /// Names and data together.
+    /// Names and data together, plus [`VALUE_OVERHEAD`] per value.
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -177,14 +183,15 @@ mod tests {
         let mut state = KeyState::default();
         state.put("total", value(b"42", None));
         state.put("seen", value(b"", Some(7)));
-        assert_eq!(state.bytes(), "total".len() + 2 + "seen".len());
+        let o = VALUE_OVERHEAD;
+        assert_eq!(state.bytes(), "total".len() + 2 + "seen".len() + 2 * o);
         let back = KeyState::decode(&state.encode()).unwrap();
         assert_eq!(back, state);
         state.put("total", value(b"4200", None));
-        assert_eq!(state.bytes(), "total".len() + 4 + "seen".len());
+        assert_eq!(state.bytes(), "total".len() + 4 + "seen".len() + 2 * o);
         assert_eq!(
             state.bytes_with("total", 1),
-            "total".len() + 1 + "seen".len()
+            "total".len() + 1 + "seen".len() + 2 * o
         );
         state.put("total", None);
         state.put("seen", None);
@@ -202,6 +209,21 @@ mod tests {
         assert_eq!(state.names(150).collect::<Vec<_>>(), ["new"]);
         state.drop_expired(150);
         assert_eq!(state.iter().count(), 1);
+    }
+
+    #[test]
+    fn the_stored_form_is_never_larger_than_the_count() {
+        let mut state = KeyState::default();
+        for i in 0..1_000u64 {
+            state.put(&i.to_string(), value(b"", Some(u64::MAX - i)));
+        }
+        state.put(&"n".repeat(300), value(&[7; 70_000], Some(u64::MAX)));
+        assert!(
+            state.encode().len() <= state.bytes(),
+            "{} > {}",
+            state.encode().len(),
+            state.bytes()
+        );
     }
 
     #[test]

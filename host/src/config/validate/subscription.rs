@@ -448,12 +448,6 @@ impl Subscription<'_, '_> {
             None => None,
             Some(ttl) => Some(self.duration("state.ttl", Some(ttl), Duration::ZERO)?),
         };
-        if ttl == Some(Duration::ZERO) {
-            return Err(self.invalid(
-                "state.ttl",
-                "must be longer than 0 (leave it out for no expiry)",
-            ));
-        }
         let size = |key: &str, value: Option<&str>, default: u64| {
             self.v
                 .size(
