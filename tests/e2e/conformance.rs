@@ -5,6 +5,10 @@
 //! rejects to the dead-letter stream, acks), and per-key order with
 //! `workers = 4, by_key = true`.
 //!
+//! The contract 0.2.0 examples run the same way: `enrich` (outputs, config,
+//! HTTP) and `running-total` (per-key state), with the same outputs and
+//! totals in every language.
+//!
 //! One host per language runs all three examples as three subscriptions.
 //! Each language's examples are built by its own `build.sh`; a language
 //! whose toolchain is missing fails its test (`.ci/run` installs them all).
@@ -384,6 +388,154 @@ async fn javascript_enrich() {
 #[tokio::test(flavor = "multi_thread")]
 async fn c_enrich() {
     enrich(Language::C).await;
+}
+
+/// `running-total` (contract 0.2.0, per-key state): each record's amount
+/// added to its key's total in state, the new total logged and published;
+/// the same totals, outputs and committed state in every language. Totals
+/// pass 2^53 (exact in JavaScript too) and go below zero; data that is not
+/// `{"amount": <integer>}` is rejected.
+async fn running_total(lang: Language) {
+    let examples = build_examples(lang).unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let name = |s: &str| unique_name(&format!("{}-{s}", lang.dir()));
+    let (input, output) = (name("amounts"), name("totals"));
+    kinesis.create_stream(&input, 2).await.unwrap();
+    kinesis.create_stream(&output, 1).await.unwrap();
+    let amount = |i: i64| match i % 5 {
+        0 => 4_000_000_000_000_000,
+        1 => -7,
+        _ => i * 3,
+    };
+    let mut records: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| {
+            (
+                format!("k{}", i % 4),
+                format!("{{\"amount\": {}}}", amount(i)).into_bytes(),
+            )
+        })
+        .collect();
+    records.insert(17, ("k1".into(), b"not json".to_vec()));
+    records.insert(23, ("k2".into(), b"{\"amount\": 1.5}".to_vec()));
+    kinesis.put_records(&input, &records).await.unwrap();
+    let mut want: BTreeMap<String, Vec<i128>> = BTreeMap::new();
+    let mut sums: BTreeMap<String, i128> = BTreeMap::new();
+    for (key, data) in &records {
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
+            continue;
+        };
+        let Some(amount) = value["amount"].as_i64() else {
+            continue;
+        };
+        let sum = sums.entry(key.clone()).or_default();
+        *sum += i128::from(amount);
+        want.entry(key.clone()).or_default().push(*sum);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("shardlane.toml");
+    let cfg = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[lease]\nstore = \"file\"\npath = \"{}\"\n{}",
+        dir.path().join("leases").display(),
+        subscription(
+            "totals",
+            &input,
+            &examples.running_total,
+            &format!(
+                "start = \"trim_horizon\"\nworkers = 2\nby_key = true\nstate = {{}}\noutputs = [\"{output}\"]\nconfig = {{ output_stream = \"{output}\" }}"
+            ),
+        )
+    );
+    std::fs::write(&config_path, &cfg).unwrap();
+    let valid: usize = want.values().map(Vec::len).sum();
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    let got = loop {
+        let got = kinesis.read_all(&output).await.unwrap();
+        if got.len() >= valid || tokio::time::Instant::now() > deadline {
+            break got;
+        }
+        // Polling the emulator while the host adds up.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(host.terminate().await.unwrap().success());
+    // Published: per key, the running totals in input order.
+    let mut published: BTreeMap<String, Vec<i128>> = BTreeMap::new();
+    for (key, out) in &got {
+        let out: serde_json::Value = serde_json::from_slice(out).unwrap();
+        assert_eq!(out["key"], key.as_str());
+        // Parsed from the text: exact past 2^53.
+        let total: i128 = serde_json::to_string(&out["total"])
+            .unwrap()
+            .parse()
+            .unwrap();
+        published.entry(key.clone()).or_default().push(total);
+    }
+    assert_eq!(published, want, "published totals");
+    // Logged: the same.
+    let lines = host.lines();
+    let mut logged: BTreeMap<String, Vec<i128>> = BTreeMap::new();
+    for line in guest(&lines, "totals") {
+        let message = field(line, "message");
+        let Some(rest) = message.strip_prefix("total key=") else {
+            continue;
+        };
+        let (key, total) = rest.split_once(" total=").unwrap();
+        logged
+            .entry(key.to_owned())
+            .or_default()
+            .push(total.parse().unwrap());
+    }
+    assert_eq!(logged, want, "logged totals");
+    let rejected = lines
+        .iter()
+        .filter(|l| {
+            field(l, "message") == "record skipped" || field(l, "message") == "record dead-lettered"
+        })
+        .count();
+    assert_eq!(rejected, 2, "the two records without an integer amount");
+    // Committed: the final sums, as `shardlane state get` reads them.
+    let mut cmd = std::process::Command::new(shardlane_bin());
+    cmd.args(["state", "get", "--subscription", "totals", "--config"])
+        .arg(&config_path);
+    for key in sums.keys() {
+        cmd.args(["--key", key]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let committed: BTreeMap<String, i128> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let parts: Vec<&str> = l.split('\t').collect();
+            assert_eq!(parts[1], "total", "{l}");
+            (parts[0].to_owned(), parts[2].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(committed, sums, "committed totals");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_running_total() {
+    running_total(Language::Rust).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_running_total() {
+    running_total(Language::Python).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn javascript_running_total() {
+    running_total(Language::JavaScript).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn c_running_total() {
+    running_total(Language::C).await;
 }
 
 #[test]

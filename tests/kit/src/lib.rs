@@ -636,8 +636,7 @@ pub struct Examples {
     /// `poison/dist/poison.wasm`: retries, rejects or acks by the data.
     pub poison: PathBuf,
     /// `running-total/dist/running-total.wasm` (contract 0.2.0, per-key
-    /// state): adds each record's amount to its key's total. Rust only so
-    /// far.
+    /// state): adds each record's amount to its key's total.
     pub running_total: PathBuf,
 }
 
