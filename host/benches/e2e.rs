@@ -37,6 +37,13 @@
 //!    ever more slowly as a stream grows, and this mode puts one output
 //!    per record): its wall time is the emulator's, and its CPU per record
 //!    includes idle polling while it waits on the emulator.
+//!    The state modes run the `noop-state` guest (one state read and one
+//!    write per record) with `state = {}`, on the file store or on
+//!    DynamoDB (`dynalite`, a fresh table per run), next to the no-op guest
+//!    on the file store: the cost of exactly-once state. Their table
+//!    column `keys/commit` is the state writes per checkpoint (one per key
+//!    touched since the last; DynamoDB adds the manifest, the lease and a
+//!    roll-forward per key of the previous commit not written again).
 //! 4. **(c) idle**: the sequential config on the empty stream, CPU over
 //!    `SHARDLANE_BENCH_IDLE_SECS` once ready, per shard per second, and
 //!    again 40 s after ready (the readers' idle ramp has then slowed every
@@ -55,7 +62,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use aws_sdk_kinesis::types::ShardIteratorType;
 use shardlane_testkit::admin::{http, metric_sum};
-use shardlane_testkit::{HostProcess, Kinesis, free_port, guests};
+use shardlane_testkit::{Dynalite, HostProcess, Kinesis, free_port, guests};
 
 const SHARDS: i32 = 8;
 const KEYS: usize = 200;
@@ -74,6 +81,17 @@ struct Mode {
     /// Done when every output is put (reading [`SMALL_INPUT`]), not when
     /// every record is acked.
     outputs: bool,
+    /// Where leases (and state) live.
+    store: Store,
+}
+
+/// A mode's lease store: each run gets a fresh one (a store that kept the
+/// last run's checkpoints would have nothing left to read).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Store {
+    Memory,
+    File,
+    DynamoDb,
 }
 
 /// CPU and wall time of one measured run.
@@ -84,6 +102,8 @@ struct Measured {
     per_put: Option<f64>,
     /// The host's resident memory at the end (kB).
     rss_kb: Option<u64>,
+    /// State writes (keys) per checkpoint (state modes).
+    keys_per_commit: Option<f64>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -116,36 +136,63 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
             extra: "",
             plugin: guests.noop.clone(),
             outputs: false,
+            store: Store::Memory,
         },
         Mode {
             name: "fan-out",
             extra: "read = \"fan_out\"\nconsumer_name = \"bench\"",
             plugin: guests.noop.clone(),
             outputs: false,
+            store: Store::Memory,
         },
         Mode {
             name: "workers=4 by_key",
             extra: "workers = 4\nby_key = true",
             plugin: guests.noop.clone(),
             outputs: false,
+            store: Store::Memory,
         },
         Mode {
             name: "batch 100",
             extra: "batch_size = 100",
             plugin: guests.noop_batch.clone(),
             outputs: false,
+            store: Store::Memory,
         },
         Mode {
             name: "batch 500",
             extra: "batch_size = 500",
             plugin: guests.noop_batch.clone(),
             outputs: false,
+            store: Store::Memory,
         },
         Mode {
             name: "outputs",
             extra: "outputs = [\"bench-out\"]",
             plugin: guests.noop_publish.clone(),
             outputs: true,
+            store: Store::Memory,
+        },
+        Mode {
+            name: "file store",
+            extra: "",
+            plugin: guests.noop.clone(),
+            outputs: false,
+            store: Store::File,
+        },
+        Mode {
+            name: "state file",
+            extra: "state = {}",
+            plugin: guests.noop_state.clone(),
+            outputs: false,
+            store: Store::File,
+        },
+        Mode {
+            name: "state dynamodb",
+            extra: "state = {}",
+            plugin: guests.noop_state.clone(),
+            outputs: false,
+            store: Store::DynamoDb,
         },
     ];
     let chosen = std::env::var("SHARDLANE_BENCH_MODES").ok();
@@ -160,9 +207,19 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
     if modes.is_empty() {
         bail!("SHARDLANE_BENCH_MODES: no such mode in {chosen:?}");
     }
+    let dynalite = if modes.iter().any(|m| m.store == Store::DynamoDb) {
+        println!("starting dynalite …");
+        Some(Dynalite::start().await?)
+    } else {
+        None
+    };
+    let stores = tempfile::tempdir()?;
     let host = HostRun {
         bin,
         endpoint: kinesis.endpoint().to_owned(),
+        dynamodb_endpoint: dynalite.as_ref().map(|d| d.endpoint().to_owned()),
+        stores: stores.path().to_owned(),
+        runs: Arc::new(AtomicU64::new(0)),
         cache: cache.path().to_owned(),
         extra: std::env::var("SHARDLANE_BENCH_EXTRA").unwrap_or_default(),
         rust_log: std::env::var("RUST_LOG").ok(),
@@ -226,11 +283,11 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
         "{records} records ({output_records} for outputs) of {PAYLOAD} bytes, {KEYS} keys, {SHARDS} shards, kinesis-local"
     );
     println!(
-        "| run | CPU-s | µs/record | ratio to (a) | wall s | records/s (wall) | RSS MiB | outputs/PutRecords |"
+        "| run | CPU-s | µs/record | ratio to (a) | wall s | records/s (wall) | RSS MiB | outputs/PutRecords | keys/commit |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(
-        "| (a) bare SDK loop | {:.3} | {:.2} | 1.00 | {:.2} | {:.0} | – | – |",
+        "| (a) bare SDK loop | {:.3} | {:.2} | 1.00 | {:.2} | {:.0} | – | – | – |",
         floor.cpu.as_secs_f64(),
         per_record_us(floor.cpu, records),
         floor.wall.as_secs_f64(),
@@ -238,7 +295,7 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
     );
     for (name, n, m) in &rows {
         println!(
-            "| (b) host, {name} | {:.3} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} |",
+            "| (b) host, {name} | {:.3} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} | {} |",
             m.cpu.as_secs_f64(),
             per_record_us(m.cpu, *n),
             per_record_us(m.cpu, *n) / per_record_us(floor.cpu, records),
@@ -247,6 +304,8 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
             m.rss_kb
                 .map_or("–".to_owned(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
             m.per_put.map_or("–".to_owned(), |n| format!("{n:.1}")),
+            m.keys_per_commit
+                .map_or("–".to_owned(), |n| format!("{n:.1}")),
         );
     }
     println!(
@@ -378,6 +437,7 @@ async fn sdk_floor(kinesis: &Kinesis, records: usize) -> anyhow::Result<Measured
         wall,
         per_put: None,
         rss_kb: None,
+        keys_per_commit: None,
     })
 }
 
@@ -444,6 +504,12 @@ fn own_cpu() -> Duration {
 struct HostRun<'a> {
     bin: &'a Path,
     endpoint: String,
+    /// dynalite's, when a mode uses the DynamoDB store.
+    dynamodb_endpoint: Option<String>,
+    /// Where file stores go, one folder per run.
+    stores: PathBuf,
+    /// Runs started: names each run's file store or table.
+    runs: Arc<AtomicU64>,
     cache: PathBuf,
     /// `SHARDLANE_BENCH_EXTRA`.
     extra: String,
@@ -453,6 +519,17 @@ struct HostRun<'a> {
 
 impl HostRun<'_> {
     fn config(&self, mode: &Mode, stream: &str, admin: &str) -> String {
+        let run = self.runs.fetch_add(1, Ordering::Relaxed);
+        let lease = match mode.store {
+            Store::Memory => "store = \"memory\"".to_owned(),
+            Store::File => format!(
+                "store = \"file\"\npath = \"{}\"",
+                self.stores.join(format!("run-{run}")).display()
+            ),
+            Store::DynamoDb => {
+                format!("store = \"dynamodb\"\ntable = \"bench-{run}\"\ncreate_table = true")
+            }
+        };
         format!(
             r#"
 [aws]
@@ -465,7 +542,7 @@ cache_dir = "{cache}"
 listen = "{admin}"
 
 [lease]
-store = "memory"
+{lease}
 
 [[subscription]]
 name = "bench"
@@ -485,6 +562,9 @@ start = "trim_horizon"
     fn start(&self, mode: &Mode, stream: &str) -> anyhow::Result<(HostProcess, String)> {
         let admin = format!("127.0.0.1:{}", free_port());
         let mut env = vec![("AWS_ENDPOINT_URL_KINESIS", self.endpoint.as_str())];
+        if let Some(dynamodb) = &self.dynamodb_endpoint {
+            env.push(("AWS_ENDPOINT_URL_DYNAMODB", dynamodb.as_str()));
+        }
         if let Some(filter) = &self.rust_log {
             env.push(("RUST_LOG", filter.as_str()));
         }
@@ -539,11 +619,15 @@ start = "trim_horizon"
             metric_sum(&page, "shardlane_output_put_size_sum", &[])
                 / metric_sum(&page, "shardlane_output_put_size_count", &[]).max(1.0)
         });
+        let commits = metric_sum(&page, "shardlane_state_writes_per_commit_count", &[]);
+        let keys_per_commit = (commits > 0.0)
+            .then(|| metric_sum(&page, "shardlane_state_writes_per_commit_sum", &[]) / commits);
         Ok(Measured {
             cpu: cpu.saturating_sub(startup_cpu),
             wall: wall.saturating_sub(startup_wall),
             per_put,
             rss_kb,
+            keys_per_commit,
         })
     }
 

@@ -522,6 +522,9 @@ pub mod guests {
         /// `tests/guests/stateful` (contract 0.2.0): adds to its key's total
         /// in per-key state, then acks, retries, traps or rejects.
         pub stateful: PathBuf,
+        /// `tests/guests/noop-state` (contract 0.2.0): one state read and
+        /// one write per record, then ack (benchmarks).
+        pub noop_state: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -590,6 +593,7 @@ pub mod guests {
             publisher: out.join("publisher.wasm"),
             noop_publish: out.join("noop_publish.wasm"),
             stateful: out.join("stateful.wasm"),
+            noop_state: out.join("noop_state.wasm"),
         })
     }
 }

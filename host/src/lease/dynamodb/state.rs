@@ -56,12 +56,18 @@
 //!   checkpoint — their last commit — is durable, and resolves a parent's
 //!   pending value through the parent's lease.
 //!
+//! Item writes of steps 0 and 2 run [`PARALLEL`] at a time, and a commit
+//! that lasts renews its lease as it goes.
+//!
 //! Writes per checkpoint: one per key written since the last, plus the
 //! manifest and the lease; plus, for keys of the previous commit that this
 //! one does not write again, one roll-forward each.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -85,6 +91,49 @@ const MANIFEST_CHUNK_BYTES: usize = 256 << 10;
 
 /// Tries of step 2 for one key whose version moved meanwhile.
 const ITEM_TRIES: usize = 5;
+
+/// Item writes of a commit under way at once.
+const PARALLEL: usize = 16;
+
+/// A commit that lasts this long renews its lease as it goes (renewals
+/// wait while a lease's write is under way, and the checkpoint write is).
+const RENEW_DURING_COMMIT: Duration = Duration::from_secs(1);
+
+/// Up to [`PARALLEL`] item writes under way; the first failure stops the
+/// commit (what was written is pending under a tag that never commits).
+#[derive(Default)]
+struct Window {
+    tasks: JoinSet<Result<(), LeaseError>>,
+}
+
+impl Window {
+    async fn push(
+        &mut self,
+        write: impl Future<Output = Result<(), LeaseError>> + Send + 'static,
+    ) -> Result<(), LeaseError> {
+        if self.tasks.len() >= PARALLEL {
+            self.next().await?;
+        }
+        self.tasks.spawn(write);
+        Ok(())
+    }
+
+    async fn next(&mut self) -> Result<(), LeaseError> {
+        match self.tasks.join_next().await {
+            None => Ok(()),
+            Some(joined) => {
+                joined.map_err(|e| LeaseError::Store(format!("state write task: {e}")))?
+            }
+        }
+    }
+
+    async fn finish(mut self) -> Result<(), LeaseError> {
+        while !self.tasks.is_empty() {
+            self.next().await?;
+        }
+        Ok(())
+    }
+}
 
 /// Makes commit tags unique within this process (with the owner and the
 /// time, across processes).
@@ -252,19 +301,30 @@ impl DynamoDbLeaseStore {
         let sub = &held.key.subscription;
         let lease_group = group(sub, &held.key.stream);
         let shard = held.key.shard.as_str();
+        let mut held = held.clone();
+        let mut renewed = Instant::now();
         // 0. The lease is ours; roll its last commit forward.
-        let lease = self.own_lease(held).await?;
+        let lease = self.own_lease(&held).await?;
         let previous = string(&lease, STATE_COMMIT);
         let writing: HashSet<&str> = writes.iter().map(|w| w.key.as_str()).collect();
         let mut previous_chunks = Vec::new();
         if let Some(t0) = &previous {
+            let mut rolls = Window::default();
             for (chunk, keys) in self.manifest(sub, t0).await? {
                 previous_chunks.push(chunk);
-                for key in keys.iter().filter(|k| !writing.contains(k.as_str())) {
-                    self.roll_forward(sub, &PartitionKey::new(key.as_str()), t0)
+                for key in keys.into_iter().filter(|k| !writing.contains(k.as_str())) {
+                    let (store, sub, t0) = (self.clone(), sub.clone(), t0.clone());
+                    rolls
+                        .push(async move {
+                            store
+                                .roll_forward(&sub, &PartitionKey::new(key.as_str()), &t0)
+                                .await
+                        })
                         .await?;
+                    self.keep_alive(&mut held, &mut renewed).await?;
                 }
             }
+            rolls.finish().await?;
         }
         // 1. The manifest of a fresh tag.
         let tag = format!(
@@ -286,14 +346,24 @@ impl DynamoDbLeaseStore {
                 .map_err(failed)?;
         }
         // 2. Pending values, each over the committed value it replaces.
-        let known = (lease_group.as_str(), shard, previous.as_deref());
+        let mut pending = Window::default();
         for write in writes {
-            self.write_pending(sub, write, &tag, known).await?;
+            let (store, sub, write, tag) = (self.clone(), sub.clone(), write.clone(), tag.clone());
+            let (group, shard, previous) =
+                (lease_group.clone(), shard.to_owned(), previous.clone());
+            pending
+                .push(async move {
+                    let known = (group.as_str(), shard.as_str(), previous.as_deref());
+                    store.write_pending(&sub, &write, &tag, known).await
+                })
+                .await?;
+            self.keep_alive(&mut held, &mut renewed).await?;
         }
+        pending.finish().await?;
         // 3. The commit point.
         let now = self
             .update_held(
-                held,
+                &held,
                 &[
                     (CHECKPOINT, s(&checkpoint.to_string())),
                     (STATE_COMMIT, s(&tag)),
@@ -316,6 +386,21 @@ impl DynamoDbLeaseStore {
             }
         }
         Ok(now)
+    }
+
+    /// Renews the lease when the commit has gone on for
+    /// [`RENEW_DURING_COMMIT`] since its last lease write, so that a long
+    /// commit never holds the counter still (others would take the lease).
+    async fn keep_alive(
+        &self,
+        held: &mut HeldLease,
+        renewed: &mut Instant,
+    ) -> Result<(), LeaseError> {
+        if renewed.elapsed() >= RENEW_DURING_COMMIT {
+            *held = self.update_held(held, &[], false).await?;
+            *renewed = Instant::now();
+        }
+        Ok(())
     }
 
     /// The manifest of commit `tag`: (chunk id, its keys) per item.
