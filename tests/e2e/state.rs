@@ -274,6 +274,76 @@ async fn writes_of_attempts_that_retry_trap_or_reject_do_not_persist() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn in_a_batch_a_key_s_records_after_a_failed_writer_are_handled_again() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let stream = unique_name("state-batch");
+    kinesis.create_stream(&stream, 1).await.unwrap();
+    let records: Vec<(String, Vec<u8>)> = [
+        ("k", "add=1"),
+        ("k", "add=10;retry-once"),
+        ("j", "add=5"),
+        ("k", "add=100"),
+        ("j", "add=7;reject"),
+        ("k", "add=1000"),
+        ("j", "add=70"),
+    ]
+    .iter()
+    .map(|(k, d)| (k.to_string(), d.as_bytes().to_vec()))
+    .collect();
+    kinesis.put_records(&stream, &records).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shardlane.toml");
+    // One batch: everything was put before the host starts.
+    let cfg = file_config(dir.path(), &stream, &guests.stateful_batch)
+        + "batch_size = 10\nbatch_window = \"500ms\"\nretry_backoff = { initial = \"10ms\", max = \"50ms\" }\n";
+    std::fs::write(&config, &cfg).unwrap();
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    host.wait_for("every record", Duration::from_secs(60), |lines| {
+        logged_totals(lines.iter()) == BTreeMap::from([("j".into(), 75), ("k".into(), 1111)])
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}: {:?}", logged_totals(host.lines().iter())));
+    assert!(host.terminate().await.unwrap().success());
+    let lines = host.lines();
+    let seen = |key: &str| -> Vec<String> {
+        guest_lines(&lines, &format!("total key={key} "))
+            .iter()
+            .map(|l| field(l, "message").to_owned())
+            .collect()
+    };
+    // k: the retried record's write is discarded, and so are the writes of
+    // the later records of k that saw it: they are handled again after it.
+    assert_eq!(
+        seen("k"),
+        [
+            "total key=k total=1 attempt=1 then=",
+            "total key=k total=11 attempt=1 then=retry-once",
+            "total key=k total=111 attempt=1 then=",
+            "total key=k total=1111 attempt=1 then=",
+            "total key=k total=11 attempt=2 then=retry-once",
+            "total key=k total=111 attempt=2 then=",
+            "total key=k total=1111 attempt=2 then=",
+        ]
+    );
+    // j: a rejected record's write is discarded and the next one, which
+    // saw it, is handled again; j's first record is not.
+    assert_eq!(
+        seen("j"),
+        [
+            "total key=j total=5 attempt=1 then=",
+            "total key=j total=12 attempt=1 then=reject",
+            "total key=j total=82 attempt=1 then=",
+            "total key=j total=75 attempt=2 then=",
+        ]
+    );
+    assert_eq!(
+        committed_totals(&config, &["k".into(), "j".into()]),
+        BTreeMap::from([("j".to_owned(), 75), ("k".to_owned(), 1_111)])
+    );
+}
+
 /// Puts `{"amount": 0}` under each of `keys`: it leaves every total as it
 /// is, and is handled after every earlier record of its key.
 async fn put_zero_per_key<'a>(

@@ -522,6 +522,9 @@ pub mod guests {
         /// `tests/guests/stateful` (contract 0.2.0): adds to its key's total
         /// in per-key state, then acks, retries, traps or rejects.
         pub stateful: PathBuf,
+        /// `tests/guests/stateful-batch` (contract 0.2.0): the same, in the
+        /// batch world.
+        pub stateful_batch: PathBuf,
         /// `tests/guests/noop-state` (contract 0.2.0): one state read and
         /// one write per record, then ack (benchmarks).
         pub noop_state: PathBuf,
@@ -593,6 +596,7 @@ pub mod guests {
             publisher: out.join("publisher.wasm"),
             noop_publish: out.join("noop_publish.wasm"),
             stateful: out.join("stateful.wasm"),
+            stateful_batch: out.join("stateful_batch.wasm"),
             noop_state: out.join("noop_state.wasm"),
         })
     }
