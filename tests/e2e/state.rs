@@ -203,120 +203,115 @@ async fn running_totals_are_exact_across_kill_9_restarts_with_the_file_store() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn writes_of_attempts_that_retry_trap_or_reject_do_not_persist() {
-    let guests = guests::build().unwrap();
+/// What each attempt of a run over `records` (key, data), one shard, the
+/// file store, `plugin` and `extra`, saw: every guest `total key=` line of
+/// `key` in log order, per key; and the committed totals. Runs until the
+/// logged totals are `totals`, then stops the host gracefully.
+async fn attempts(
+    plugin: &Path,
+    records: &[(&str, &str)],
+    extra: &str,
+    totals: &BTreeMap<String, i64>,
+) -> (BTreeMap<String, Vec<String>>, BTreeMap<String, i64>) {
     let kinesis = Kinesis::start().await.unwrap();
     let stream = unique_name("state-outcomes");
     kinesis.create_stream(&stream, 1).await.unwrap();
-    let records: Vec<(String, Vec<u8>)> = [
-        ("k", "add=1"),
-        ("j", "add=5;reject"),
-        ("k", "add=10;retry-once"),
-        ("k", "add=100;trap-once"),
-        ("j", "add=7"),
-        ("k", "add=1000;reject"),
-        ("k", "add=10000"),
-    ]
-    .iter()
-    .map(|(k, d)| (k.to_string(), d.as_bytes().to_vec()))
-    .collect();
+    let records: Vec<(String, Vec<u8>)> = records
+        .iter()
+        .map(|(k, d)| (k.to_string(), d.as_bytes().to_vec()))
+        .collect();
     kinesis.put_records(&stream, &records).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("shardlane.toml");
-    let cfg = file_config(dir.path(), &stream, &guests.stateful)
-        + "retry_backoff = { initial = \"10ms\", max = \"50ms\" }\n";
+    let cfg = file_config(dir.path(), &stream, plugin)
+        + "retry_backoff = { initial = \"10ms\", max = \"50ms\" }\n"
+        + extra;
     std::fs::write(&config, &cfg).unwrap();
     let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
-    host.wait_for("the last record", Duration::from_secs(60), |lines| {
-        logged_totals(lines.iter()).get("k") == Some(&10_111)
+    host.wait_for("every record", Duration::from_secs(60), |lines| {
+        logged_totals(lines.iter()) == *totals
     })
     .await
     .unwrap_or_else(|e| panic!("{e:#}: {:?}", logged_totals(host.lines().iter())));
     assert!(host.terminate().await.unwrap().success());
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in guest_lines(&host.lines(), "total key=") {
+        let message = field(line, "message");
+        let key = message["total key=".len()..].split(' ').next().unwrap();
+        seen.entry(key.to_owned())
+            .or_default()
+            .push(message.to_owned());
+    }
+    let keys: Vec<String> = totals.keys().cloned().collect();
+    (seen, committed_totals(&config, &keys))
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_of_attempts_that_retry_trap_or_reject_do_not_persist() {
+    let guests = guests::build().unwrap();
+    let totals = BTreeMap::from([("j".to_owned(), 7), ("k".to_owned(), 10_111)]);
+    let (seen, committed) = attempts(
+        &guests.stateful,
+        &[
+            ("k", "add=1"),
+            ("j", "add=5;reject"),
+            ("k", "add=10;retry-once"),
+            ("k", "add=100;trap-once"),
+            ("j", "add=7"),
+            ("k", "add=1000;reject"),
+            ("k", "add=10000"),
+        ],
+        "",
+        &totals,
+    )
+    .await;
     // What each attempt saw: the discarded writes never show.
-    let lines = host.lines();
-    let seen: Vec<String> = guest_lines(&lines, "total key=")
-        .iter()
-        .map(|l| field(l, "message").to_owned())
-        .collect();
-    let expected_k = [
-        "total key=k total=1 attempt=1 then=",
-        "total key=k total=11 attempt=1 then=retry-once",
-        "total key=k total=11 attempt=2 then=retry-once",
-        "total key=k total=111 attempt=1 then=trap-once",
-        "total key=k total=111 attempt=2 then=trap-once",
-        "total key=k total=1111 attempt=1 then=reject",
-        "total key=k total=10111 attempt=1 then=",
-    ];
-    let k: Vec<&str> = seen
-        .iter()
-        .map(String::as_str)
-        .filter(|m| m.starts_with("total key=k "))
-        .collect();
-    assert_eq!(k, expected_k);
-    let j: Vec<&str> = seen
-        .iter()
-        .map(String::as_str)
-        .filter(|m| m.starts_with("total key=j "))
-        .collect();
     assert_eq!(
-        j,
+        seen["k"],
+        [
+            "total key=k total=1 attempt=1 then=",
+            "total key=k total=11 attempt=1 then=retry-once",
+            "total key=k total=11 attempt=2 then=retry-once",
+            "total key=k total=111 attempt=1 then=trap-once",
+            "total key=k total=111 attempt=2 then=trap-once",
+            "total key=k total=1111 attempt=1 then=reject",
+            "total key=k total=10111 attempt=1 then=",
+        ]
+    );
+    assert_eq!(
+        seen["j"],
         [
             "total key=j total=5 attempt=1 then=reject",
             "total key=j total=7 attempt=1 then="
         ]
     );
-    assert_eq!(
-        committed_totals(&config, &["k".into(), "j".into()]),
-        BTreeMap::from([("j".to_owned(), 7), ("k".to_owned(), 10_111)])
-    );
+    assert_eq!(committed, totals);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn in_a_batch_a_key_s_records_after_a_failed_writer_are_handled_again() {
     let guests = guests::build().unwrap();
-    let kinesis = Kinesis::start().await.unwrap();
-    let stream = unique_name("state-batch");
-    kinesis.create_stream(&stream, 1).await.unwrap();
-    let records: Vec<(String, Vec<u8>)> = [
-        ("k", "add=1"),
-        ("k", "add=10;retry-once"),
-        ("j", "add=5"),
-        ("k", "add=100"),
-        ("j", "add=7;reject"),
-        ("k", "add=1000"),
-        ("j", "add=70"),
-    ]
-    .iter()
-    .map(|(k, d)| (k.to_string(), d.as_bytes().to_vec()))
-    .collect();
-    kinesis.put_records(&stream, &records).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("shardlane.toml");
+    let totals = BTreeMap::from([("j".to_owned(), 75), ("k".to_owned(), 1_111)]);
     // One batch: everything was put before the host starts.
-    let cfg = file_config(dir.path(), &stream, &guests.stateful_batch)
-        + "batch_size = 10\nbatch_window = \"500ms\"\nretry_backoff = { initial = \"10ms\", max = \"50ms\" }\n";
-    std::fs::write(&config, &cfg).unwrap();
-    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
-    host.wait_for("every record", Duration::from_secs(60), |lines| {
-        logged_totals(lines.iter()) == BTreeMap::from([("j".into(), 75), ("k".into(), 1111)])
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}: {:?}", logged_totals(host.lines().iter())));
-    assert!(host.terminate().await.unwrap().success());
-    let lines = host.lines();
-    let seen = |key: &str| -> Vec<String> {
-        guest_lines(&lines, &format!("total key={key} "))
-            .iter()
-            .map(|l| field(l, "message").to_owned())
-            .collect()
-    };
+    let (seen, committed) = attempts(
+        &guests.stateful_batch,
+        &[
+            ("k", "add=1"),
+            ("k", "add=10;retry-once"),
+            ("j", "add=5"),
+            ("k", "add=100"),
+            ("j", "add=7;reject"),
+            ("k", "add=1000"),
+            ("j", "add=70"),
+        ],
+        "batch_size = 10\nbatch_window = \"500ms\"\n",
+        &totals,
+    )
+    .await;
     // k: the retried record's write is discarded, and so are the writes of
     // the later records of k that saw it: they are handled again after it.
     assert_eq!(
-        seen("k"),
+        seen["k"],
         [
             "total key=k total=1 attempt=1 then=",
             "total key=k total=11 attempt=1 then=retry-once",
@@ -330,7 +325,7 @@ async fn in_a_batch_a_key_s_records_after_a_failed_writer_are_handled_again() {
     // j: a rejected record's write is discarded and the next one, which
     // saw it, is handled again; j's first record is not.
     assert_eq!(
-        seen("j"),
+        seen["j"],
         [
             "total key=j total=5 attempt=1 then=",
             "total key=j total=12 attempt=1 then=reject",
@@ -338,10 +333,7 @@ async fn in_a_batch_a_key_s_records_after_a_failed_writer_are_handled_again() {
             "total key=j total=75 attempt=2 then=",
         ]
     );
-    assert_eq!(
-        committed_totals(&config, &["k".into(), "j".into()]),
-        BTreeMap::from([("j".to_owned(), 75), ("k".to_owned(), 1_111)])
-    );
+    assert_eq!(committed, totals);
 }
 
 /// Puts `{"amount": 0}` under each of `keys`: it leaves every total as it

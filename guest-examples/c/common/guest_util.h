@@ -1,6 +1,6 @@
 /*
  * Small helpers shared by the C guest examples: a growable byte buffer for
- * building log lines, decimal formatting and a UTF-8 check.
+ * building log lines, decimal formatting, JSON strings and a UTF-8 check.
  *
  * Why not snprintf: printf pulls in libc's stdio and locale machinery (tens
  * of KB, and long-double support from compiler-rt) for three integers and a
@@ -70,6 +70,25 @@ static inline void buf_i128(buf_t *b, __int128 v) {
     } while (u);
     if (neg) tmp[--i] = '-';
     buf_bytes(b, tmp + i, sizeof tmp - i);
+}
+
+/* `s` as a JSON string (quotes included). */
+static inline void buf_json_string(buf_t *b, const uint8_t *s, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    buf_str(b, "\"");
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = s[i];
+        if (c == '"' || c == '\\') {
+            char esc[] = {'\\', (char)c};
+            buf_bytes(b, esc, 2);
+        } else if (c < 0x20) {
+            char esc[] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+            buf_bytes(b, esc, sizeof esc);
+        } else {
+            buf_bytes(b, &c, 1);
+        }
+    }
+    buf_str(b, "\"");
 }
 
 static inline void buf_free(buf_t *b) {

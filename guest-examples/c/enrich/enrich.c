@@ -25,25 +25,6 @@ static void set_owned(record_handler_string_t *ret, const uint8_t *s, size_t n) 
     record_handler_string_dup_n(ret, (const char *)s, n);
 }
 
-/* `s` as a JSON string (quotes included). */
-static void buf_json_string(buf_t *b, const uint8_t *s, size_t n) {
-    static const char hex[] = "0123456789abcdef";
-    buf_str(b, "\"");
-    for (size_t i = 0; i < n; i++) {
-        uint8_t c = s[i];
-        if (c == '"' || c == '\\') {
-            char esc[] = {'\\', (char)c};
-            buf_bytes(b, esc, 2);
-        } else if (c < 0x20) {
-            char esc[] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-            buf_bytes(b, esc, sizeof esc);
-        } else {
-            buf_bytes(b, &c, 1);
-        }
-    }
-    buf_str(b, "\"");
-}
-
 /* GETs `url` (`http://` or `https://`) into `body`; `why` says what went
  * wrong when the answer is not FOUND. */
 static lookup_t get(const char *url, size_t url_len, buf_t *body, buf_t *why) {

@@ -42,25 +42,6 @@ static bool parse_total(const uint8_t *s, size_t n, __int128 *total) {
     return true;
 }
 
-/* `s` as a JSON string (quotes included). */
-static void buf_json_string(buf_t *b, const uint8_t *s, size_t n) {
-    static const char hex[] = "0123456789abcdef";
-    buf_str(b, "\"");
-    for (size_t i = 0; i < n; i++) {
-        uint8_t c = s[i];
-        if (c == '"' || c == '\\') {
-            char esc[] = {'\\', (char)c};
-            buf_bytes(b, esc, 2);
-        } else if (c < 0x20) {
-            char esc[] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-            buf_bytes(b, esc, sizeof esc);
-        } else {
-            buf_bytes(b, &c, 1);
-        }
-    }
-    buf_str(b, "\"");
-}
-
 void exports_record_handler_handle(record_handler_kinesis_record_t *record,
                                    record_handler_outcome_t *ret) {
     int64_t amount;
