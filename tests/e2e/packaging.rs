@@ -2,10 +2,11 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::Duration;
 
-use shardlane_testkit::repo_root;
+use shardlane_testkit::{HostProcess, Kinesis, Language, build_examples, repo_root, unique_name};
 
-use crate::common::shardlane_bin;
+use crate::common::{admin_addr, config, field, http, shardlane_bin};
 
 /// `packaging/systemd/shardlane.service` passes `systemd-analyze verify`
 /// (with its ExecStart pointed at the built binary: verify checks that it
@@ -333,5 +334,108 @@ fn the_kubernetes_manifests_validate() {
             .as_str()
             .is_some_and(|arn| arn.starts_with("arn:aws:iam::")),
         "credentials from the pod's IAM role"
+    );
+}
+
+/// `packaging/grafana/shardlane-dashboard.json` queries only series a host
+/// exports: a host running a subscription that uses every feature the
+/// dashboard shows (state, outputs, a dead-letter stream, a canary, by_key
+/// lanes) has, on `/metrics`, a sample of every metric the dashboard's
+/// queries and variables name.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_grafana_dashboard_queries_only_series_the_host_exports() {
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("packaging/grafana/shardlane-dashboard.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            queries.push(target["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        if let Some(query) = variable["definition"].as_str() {
+            queries.push(query.to_owned());
+        }
+    }
+    let mut names = BTreeSet::new();
+    for query in &queries {
+        let mut rest = query.as_str();
+        while let Some(at) = rest.find("shardlane_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            names.insert(name);
+        }
+    }
+    assert!(names.len() >= 20, "the dashboard queries {names:?}");
+
+    let examples = build_examples(Language::Rust).unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let (input, output, dlq) = (
+        unique_name("dash-in"),
+        unique_name("dash-out"),
+        unique_name("dash-dlq"),
+    );
+    for stream in [&input, &output, &dlq] {
+        kinesis.create_stream(stream, 2).await.unwrap();
+    }
+    let mut records: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| (format!("k{i}"), format!("{{\"amount\": {i}}}").into_bytes()))
+        .collect();
+    records.push(("bad".into(), b"not an amount".to_vec()));
+    kinesis.put_records(&input, &records).await.unwrap();
+    let plugin = examples.running_total.display().to_string();
+    let cfg = config(
+        "dash",
+        &input,
+        &examples.running_total,
+        &format!(
+            "start = \"trim_horizon\"\nworkers = 2\nby_key = true\nstate = {{}}\noutputs = [\"{output}\"]\nconfig = {{ output_stream = \"{output}\" }}\non_failure = \"dead_letter\"\ndead_letter_stream = \"{dlq}\"\ncanary = {{ plugin = \"{plugin}\", key_fraction = 0.5 }}"
+        ),
+    );
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    host.wait_for("every record handled", Duration::from_secs(60), |lines| {
+        lines
+            .iter()
+            .any(|l| field(l, "message") == "record dead-lettered")
+            && lines
+                .iter()
+                .filter(|l| field(l, "message").starts_with("total key="))
+                .count()
+                >= 40
+    })
+    .await
+    .unwrap();
+    let addr = admin_addr(&host);
+    // Checkpoints (and state commits) come every 200 ms: wait for one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let metrics = loop {
+        let (status, metrics) = http(&addr, "GET", "/metrics", None, b"");
+        assert_eq!(status, 200);
+        if metrics.contains("shardlane_state_commit_seconds_count")
+            && metrics.contains("shardlane_outputs_total")
+            || std::time::Instant::now() > deadline
+        {
+            break metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    host.terminate().await.unwrap();
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|name| {
+            !metrics
+                .lines()
+                .any(|l| !l.starts_with('#') && l.starts_with(name.as_str()))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries series the host does not export: {missing:?}"
     );
 }
