@@ -90,6 +90,18 @@ pub struct Config {
     /// Most core module instances one plugin component may contain
     /// (`engine.max_core_instances`): a size of the instance pool.
     pub max_core_instances: u32,
+    /// Where handler-call spans go over OTLP (`[traces]`); `None`: nowhere.
+    pub traces: Option<TracesConfig>,
+}
+
+/// The `[traces]` table: exporting the spans of handler calls and reads
+/// over OTLP/HTTP (protobuf).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracesConfig {
+    /// The URL spans are POSTed to: `otlp_endpoint` with `/v1/traces`.
+    pub traces_url: String,
+    /// `service.name` of the spans' resource.
+    pub service_name: String,
 }
 
 /// The operations HTTP server (health, readiness, metrics, status page,

@@ -12,7 +12,9 @@
 //! messaging fields ([`crate::telemetry::spans`]). In JSON, every line
 //! logged inside one lists them under `spans`; in text, where they would
 //! make every guest line several times longer, they are off unless
-//! `RUST_LOG` turns on their target (`shardlane::otel`).
+//! `RUST_LOG` turns on their target (`shardlane::otel`). With `[traces]
+//! otlp_endpoint` they are exported to an OpenTelemetry collector whatever
+//! the log does with them ([`otlp`]).
 //!
 //! # Hostile text
 //! Guests choose their log messages, `retry`/`reject` reasons and (through
@@ -32,6 +34,13 @@ use std::borrow::Cow;
 use std::fmt;
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+use crate::config::TracesConfig;
+
+mod otlp;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::format::{DefaultFields, Writer};
@@ -153,27 +162,53 @@ pub enum LogFormat {
 /// GetRecords spans off.
 const DEFAULT_FILTER: &str = "info,shardlane::otel=off";
 
-/// Installs the global subscriber. Call once, at start-up.
-pub fn init(format: LogFormat) {
-    // Spans are off by default in both formats: formatting a span's fields
-    // costs ~2.5 µs a record, a third of the host's whole cost per record
-    // end to end (BENCHMARKS.md); `RUST_LOG` turns them on.
+/// What must outlive the run: the OTLP span exporter, when `[traces]` has
+/// one, which exports what is queued when this is dropped (after the async
+/// runtime is gone).
+#[must_use = "dropping it stops the span exporter"]
+pub struct LogGuard {
+    traces: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.traces.take() {
+            otlp::shutdown(provider);
+        }
+    }
+}
+
+/// Installs the global subscriber: the log, and with `traces` the OTLP
+/// span exporter ([`otlp`]). Call once, at start-up, outside any async
+/// runtime.
+///
+/// # Errors
+/// When the span exporter cannot be built.
+pub fn init(format: LogFormat, traces: Option<&TracesConfig>) -> anyhow::Result<LogGuard> {
+    // Spans are off in the log by default in both formats: formatting a
+    // span's fields costs ~2.5 µs a record, a third of the host's whole
+    // cost per record end to end (BENCHMARKS.md); `RUST_LOG` turns them on.
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stdout);
-    match format {
-        LogFormat::Text => builder
+    let log = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stdout)
             .with_ansi(false)
             .fmt_fields(EscapedFields::default())
-            .init(),
-        LogFormat::Json => builder
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stdout)
             .json()
             .flatten_event(true)
             .with_current_span(false)
-            .init(),
-    }
+            .boxed(),
+    };
+    let provider = traces.map(otlp::provider).transpose()?;
+    tracing_subscriber::registry()
+        .with(log.with_filter(filter))
+        .with(provider.as_ref().map(otlp::layer))
+        .init();
+    Ok(LogGuard { traces: provider })
 }
 
 /// Lets a log line through at most once an interval, counting what it kept

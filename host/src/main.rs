@@ -327,10 +327,14 @@ fn import_kcl(config_path: PathBuf, subscription: &str, table: &str) -> anyhow::
 fn run(config_path: PathBuf, format: Format) -> anyhow::Result<()> {
     // Config errors come before any logging is set up: one line on stderr.
     let config = Config::load(&config_path)?;
-    logging::init(match format {
-        Format::Text => LogFormat::Text,
-        Format::Json => LogFormat::Json,
-    });
+    // Dropped after the runtime: it exports the spans still queued.
+    let _log = logging::init(
+        match format {
+            Format::Text => LogFormat::Text,
+            Format::Json => LogFormat::Json,
+        },
+        config.traces.as_ref(),
+    )?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

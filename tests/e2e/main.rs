@@ -29,3 +29,4 @@ mod outputs;
 mod packaging;
 mod pipeline;
 mod state;
+mod traces;

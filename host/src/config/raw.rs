@@ -21,6 +21,8 @@ pub(super) struct RawConfig {
     pub(super) engine: RawEngine,
     #[serde(default)]
     pub(super) lease: RawLease,
+    #[serde(default)]
+    pub(super) traces: RawTraces,
     #[serde(default, rename = "subscription")]
     pub(super) subscriptions: Vec<RawSubscription>,
 }
@@ -45,6 +47,13 @@ pub(super) struct RawAws {
 pub(super) struct RawEngine {
     pub(super) cache_dir: Option<String>,
     pub(super) max_core_instances: Option<i64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTraces {
+    pub(super) otlp_endpoint: Option<String>,
+    pub(super) service_name: Option<String>,
 }
 
 #[derive(Deserialize, Default)]

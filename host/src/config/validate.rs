@@ -14,11 +14,13 @@ use std::time::Duration;
 
 use crate::ids::StreamArnParts;
 
-use super::raw::{RawAdmin, RawAws, RawConfig, RawEngine, RawLease, RawMetrics, RawSubscription};
+use super::raw::{
+    RawAdmin, RawAws, RawConfig, RawEngine, RawLease, RawMetrics, RawSubscription, RawTraces,
+};
 use super::{
     AdminConfig, AssumeRole, AwsConfig, AwsTimeouts, Config, ConfigError, LeaseBackend,
-    LeaseConfig, LeaseStoreKind, OnFailure, SubscriptionConfig, default_cache_dir, defaults,
-    parse_size,
+    LeaseConfig, LeaseStoreKind, OnFailure, SubscriptionConfig, TracesConfig, default_cache_dir,
+    defaults, parse_size,
 };
 
 mod subscription;
@@ -51,7 +53,9 @@ impl Validator<'_> {
         let aws = self.aws(raw.aws)?;
         self.stream_arns(&aws, &subscriptions)?;
         self.state_fits(&lease, &subscriptions)?;
+        let traces = self.traces(&raw.traces)?;
         Ok(Config {
+            traces,
             compile_cache,
             max_core_instances,
             admin,
@@ -327,6 +331,45 @@ impl Validator<'_> {
             metrics_listen,
             token,
         })
+    }
+
+    /// `[traces]`: an OTLP/HTTP endpoint (the collector's base URL, e.g.
+    /// `http://127.0.0.1:4318`), or nothing.
+    fn traces(&self, raw: &RawTraces) -> Result<Option<TracesConfig>, ConfigError> {
+        let Some(endpoint) = raw.otlp_endpoint.as_deref() else {
+            if raw.service_name.is_some() {
+                return Err(self.invalid(
+                    "traces.service_name",
+                    "needs traces.otlp_endpoint: spans go nowhere without one",
+                ));
+            }
+            return Ok(None);
+        };
+        let base = endpoint.trim_end_matches('/');
+        let valid = base
+            .strip_prefix("http://")
+            .or_else(|| base.strip_prefix("https://"))
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace));
+        if !valid {
+            return Err(self.invalid(
+                "traces.otlp_endpoint",
+                format!(
+                    "{endpoint:?} is not an http:// or https:// URL, e.g. \"http://127.0.0.1:4318\""
+                ),
+            ));
+        }
+        let traces_url = if base.ends_with("/v1/traces") {
+            base.to_owned()
+        } else {
+            format!("{base}/v1/traces")
+        };
+        Ok(Some(TracesConfig {
+            traces_url,
+            service_name: raw
+                .service_name
+                .clone()
+                .unwrap_or_else(|| "shardlane".to_owned()),
+        }))
     }
 
     /// A listen address, or `"off"`.

@@ -20,6 +20,7 @@
 pub mod admin;
 pub mod http_server;
 pub mod kpl;
+pub mod otlp;
 pub mod proxy;
 pub mod recorder;
 
