@@ -15,7 +15,16 @@
 //! Write endpoints answer 200 with a JSON report
 //! (`{"old","new","changed","live_after_ms"}`), 404 for an unknown
 //! subscription, 409 for promote/rollback without a canary, 422 for a
-//! component that cannot be used (the running versions stay).
+//! component that cannot be used (the running versions stay). A known path
+//! with the wrong method is 405 (with `Allow`), any other path 404.
+//!
+//! Routing, handlers and per-request bounds are an `axum` router with
+//! `tower-http` layers ([`routes`]): read-only requests get 10 s, writes a
+//! connection's lifetime; an upload whose declared length is over the
+//! limit is refused before it is read. This module owns the connections:
+//! hyper's HTTP/1 server with the limits below, each connection serving
+//! the router; at shutdown it stops accepting and drains the requests
+//! under way for up to 5 s.
 //!
 //! # Listeners
 //! Everything is served on `[admin] listen` (loopback by default). With
@@ -49,35 +58,34 @@
 //! and names in those lines are cut to [`MAX_LOGGED`](limits::MAX_LOGGED) bytes.
 
 mod limits;
+mod routes;
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
-use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use limits::{AcceptBackoff, LogGate, capped};
-use limits::{BODY_READ_TIMEOUT, CONNECTION_LIFETIME};
+use limits::CONNECTION_LIFETIME;
+use limits::{AcceptBackoff, LogGate};
 pub use limits::{HEADER_READ_TIMEOUT, LOG_INTERVAL, MAX_CONNECTIONS};
 
 use crate::ids::{OwnerId, SubscriptionName};
-use crate::swap::{CanaryError, KeySlice, PluginSlot};
+use crate::swap::PluginSlot;
 use crate::telemetry::Telemetry;
 
 /// Largest plugin accepted through the admin API (Python and JavaScript
 /// components are 10–20 MB).
 pub(crate) const MAX_PLUGIN_UPLOAD: usize = 64 << 20;
+
+/// Longest shutdown waits for the requests under way to finish.
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// What the server serves.
 pub(crate) struct OpsState {
@@ -113,16 +121,16 @@ impl Routes {
     }
 }
 
-/// Serves `routes` until `shutdown`, within the [limits](self#limits).
+/// Serves `routes` until `shutdown`, within the [limits](self#limits);
+/// then stops accepting, lets the connections under way finish their
+/// requests for up to [`DRAIN`], and closes them.
 pub(crate) async fn serve(
     listener: TcpListener,
     state: Arc<OpsState>,
     routes: Routes,
     shutdown: CancellationToken,
 ) {
-    // Shared by the connections; a std Mutex, held only for one `note`
-    // and never across an `.await`.
-    let refusals = Arc::new(Mutex::new(LogGate::every(LOG_INTERVAL)));
+    let app = routes::router(state, routes);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut over_cap = LogGate::every(LOG_INTERVAL);
     let mut backoff = AcceptBackoff::default();
@@ -164,22 +172,40 @@ pub(crate) async fn serve(
             }
             continue;
         };
-        let (state, refusals, http) = (state.clone(), refusals.clone(), http.clone());
+        let (service, http, shutdown) = (
+            TowerToHyperService::new(app.clone()),
+            http.clone(),
+            shutdown.clone(),
+        );
         connections.spawn(async move {
             let _slot = slot;
-            let service = hyper::service::service_fn(move |req| {
-                let (state, refusals) = (state.clone(), refusals.clone());
-                async move { Ok::<_, Infallible>(route(&state, &refusals, routes, req).await) }
-            });
             let connection = http.serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
+            let mut connection = std::pin::pin!(connection);
+            let served = tokio::time::timeout(CONNECTION_LIFETIME, async {
+                tokio::select! {
+                    served = connection.as_mut() => served,
+                    () = shutdown.cancelled() => {
+                        // Finish the request under way, take no more.
+                        connection.as_mut().graceful_shutdown();
+                        connection.as_mut().await
+                    }
+                }
+            })
+            .await;
+            match served {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::debug!(error = %e, "admin connection ended with an error"),
                 Err(_) => tracing::debug!(lifetime = ?CONNECTION_LIFETIME, "admin connection closed: open too long"),
             }
         });
     }
-    connections.abort_all();
+    let drained = tokio::time::timeout(DRAIN, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        connections.abort_all();
+    }
 }
 
 /// Answers a connection over [`MAX_CONNECTIONS`] 503 if its socket takes
@@ -187,243 +213,6 @@ pub(crate) async fn serve(
 fn refuse_over_cap(stream: &TcpStream) {
     const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 26\r\nconnection: close\r\n\r\ntoo many admin connections";
     let _ = stream.try_write(BUSY);
-}
-
-fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body.into())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
-}
-
-async fn route(
-    state: &OpsState,
-    refusals: &Mutex<LogGate>,
-    routes: Routes,
-    req: Request<Incoming>,
-) -> Response<Full<Bytes>> {
-    let path = req.uri().path().to_owned();
-    let method = req.method().clone();
-    let writes = path.starts_with("/subscriptions/");
-    match (routes, writes) {
-        (Routes::Read, true) | (Routes::Write, false) => {
-            return text(StatusCode::NOT_FOUND, "not found\n");
-        }
-        _ => {}
-    }
-    match (&method, path.as_str()) {
-        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
-        (&Method::GET, "/readyz") => {
-            if state.telemetry.ready() {
-                text(StatusCode::OK, "ready\n")
-            } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
-            }
-        }
-        (&Method::GET, "/metrics") => {
-            let mut response = text(StatusCode::OK, state.telemetry.render());
-            response.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            response
-        }
-        (&Method::GET, "/") => {
-            let mut response = text(StatusCode::OK, status_page(state));
-            response.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("text/html; charset=utf-8"),
-            );
-            response
-        }
-        (method, p) if p.starts_with("/subscriptions/") => {
-            let rest = &p["/subscriptions/".len()..];
-            let (name, action) = rest.split_once('/').unwrap_or((rest, ""));
-            let write = match (method, action) {
-                (&Method::PUT, "plugin") => Write::Swap,
-                (&Method::PUT, "canary") => Write::Canary,
-                (&Method::POST, "canary/promote") => Write::Promote,
-                (&Method::POST, "canary/rollback") => Write::Rollback,
-                _ => return text(StatusCode::NOT_FOUND, "not found\n"),
-            };
-            // The token first: a caller without it learns nothing about
-            // names or parameters.
-            if let Some(refused) = unauthorized(state, refusals, &req) {
-                return refused;
-            }
-            let Ok(name) = percent_encoding::percent_decode_str(name).decode_utf8() else {
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    "the subscription name is not UTF-8 once percent-decoded\n",
-                );
-            };
-            let action = match write {
-                Write::Swap => Admin::Swap,
-                Write::Canary => match key_fraction(req.uri().query().unwrap_or_default()) {
-                    Ok(slice) => Admin::Canary(slice),
-                    Err(message) => return text(StatusCode::BAD_REQUEST, message),
-                },
-                Write::Promote => Admin::Promote,
-                Write::Rollback => Admin::Rollback,
-            };
-            admin(state, &name, req, action).await
-        }
-        _ => text(StatusCode::NOT_FOUND, "not found\n"),
-    }
-}
-
-/// A write route, before its parameters are read.
-enum Write {
-    Swap,
-    Canary,
-    Promote,
-    Rollback,
-}
-
-/// A write through the admin API.
-enum Admin {
-    /// Swap the plugin for the body.
-    Swap,
-    /// Start a canary with the body on this slice.
-    Canary(KeySlice),
-    /// Promote the canary.
-    Promote,
-    /// Roll the canary back.
-    Rollback,
-}
-
-/// The `key_fraction` query parameter of a canary start.
-fn key_fraction(query: &str) -> Result<KeySlice, String> {
-    let value = query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("key_fraction="))
-        .ok_or("key_fraction is required, e.g. ?key_fraction=0.1\n")?;
-    value
-        .parse::<f64>()
-        .ok()
-        .and_then(KeySlice::new)
-        .ok_or_else(|| {
-            format!(
-                "key_fraction {:?}: must be a number more than 0 (at least 0.000001), at most 1\n",
-                capped(value)
-            )
-        })
-}
-
-/// The refusal of a write without the admin token; `None` when it carries
-/// the token. Refusals are logged at most once per [`LOG_INTERVAL`].
-fn unauthorized(
-    state: &OpsState,
-    refusals: &Mutex<LogGate>,
-    req: &Request<Incoming>,
-) -> Option<Response<Full<Bytes>>> {
-    let presented = req
-        .headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let refused = match (&state.token, presented) {
-        (None, _) => text(
-            StatusCode::FORBIDDEN,
-            "admin writes are off: set [admin] token or SHARDLANE_ADMIN_TOKEN\n",
-        ),
-        (Some(token), Some(presented)) if same_token(token, presented) => return None,
-        (Some(_), _) => text(
-            StatusCode::UNAUTHORIZED,
-            "a valid bearer token is required\n",
-        ),
-    };
-    let log = refusals
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .note(Instant::now());
-    if let Some(suppressed) = log {
-        tracing::warn!(
-            status = refused.status().as_u16(),
-            path = %capped(req.uri().path()),
-            suppressed,
-            "admin: write refused"
-        );
-    }
-    Some(refused)
-}
-
-/// Whether `presented` is `token`, in time independent of both: their
-/// SHA-256 digests (fixed length, so the token's length does not show)
-/// compared in constant time.
-fn same_token(token: &str, presented: &str) -> bool {
-    Sha256::digest(token.as_bytes())
-        .ct_eq(&Sha256::digest(presented.as_bytes()))
-        .into()
-}
-
-async fn admin(
-    state: &OpsState,
-    name: &str,
-    req: Request<Incoming>,
-    action: Admin,
-) -> Response<Full<Bytes>> {
-    let Some(slot) = state.slots.get(&SubscriptionName::from(name)) else {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("no subscription named {:?}\n", capped(name)),
-        );
-    };
-    let upload = match action {
-        Admin::Swap | Admin::Canary(_) => match read_upload(req).await {
-            Ok(upload) => upload,
-            Err(refused) => return refused,
-        },
-        Admin::Promote | Admin::Rollback => Vec::new(),
-    };
-    let done = match action {
-        Admin::Swap => slot
-            .swap(upload, "admin API")
-            .await
-            .map_err(CanaryError::from),
-        Admin::Canary(slice) => slot.start_canary(upload, slice, "admin API").await,
-        Admin::Promote => slot.promote("admin API").await,
-        Admin::Rollback => slot.rollback("admin API").await,
-    };
-    match done {
-        Ok(report) => text(
-            StatusCode::OK,
-            format!(
-                "{{\"old\":\"{}\",\"new\":\"{}\",\"changed\":{},\"live_after_ms\":{}}}\n",
-                report.old,
-                report.new,
-                report.changed,
-                report.live_after.as_millis()
-            ),
-        ),
-        Err(e @ CanaryError::NoCanary(_)) => text(StatusCode::CONFLICT, format!("{e}\n")),
-        Err(CanaryError::Plugin(e)) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")),
-    }
-}
-
-/// The body of an upload: 413 over [`MAX_PLUGIN_UPLOAD`], 408 when it
-/// takes longer than [`BODY_READ_TIMEOUT`], 400 when it is malformed (a bad
-/// chunked encoding) or cut short.
-async fn read_upload(req: Request<Incoming>) -> Result<Vec<u8>, Response<Full<Bytes>>> {
-    let body = Limited::new(req.into_body(), MAX_PLUGIN_UPLOAD).collect();
-    match tokio::time::timeout(BODY_READ_TIMEOUT, body).await {
-        Ok(Ok(body)) => Ok(body.to_bytes().to_vec()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(text(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the upload is over {MAX_PLUGIN_UPLOAD} bytes\n"),
-        )),
-        Ok(Err(e)) => Err(text(
-            StatusCode::BAD_REQUEST,
-            format!("cannot read the upload: {e}\n"),
-        )),
-        Err(_) => Err(text(
-            StatusCode::REQUEST_TIMEOUT,
-            format!("the upload took longer than {BODY_READ_TIMEOUT:?}\n"),
-        )),
-    }
 }
 
 fn escape(s: &str) -> String {
@@ -491,7 +280,7 @@ fn status_page(state: &OpsState) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::routes::same_token;
 
     #[test]
     fn the_token_matches_only_itself_whatever_the_length() {

@@ -212,6 +212,92 @@ async fn the_token_comes_before_parameters_names_are_decoded_and_bad_bodies_are_
     drop(host);
 }
 
+/// A known path with the wrong method is 405 with `Allow`; an upload that
+/// declares more than the limit is 413 before a byte of it is read; a
+/// write's report is JSON.
+#[tokio::test(flavor = "multi_thread")]
+async fn wrong_methods_are_405_oversized_uploads_413_and_reports_json() {
+    let (_kinesis, host, addr) = start("my-sub").await;
+    for (method, path, allow) in [
+        ("POST", "/metrics", "GET"),
+        ("DELETE", "/healthz", "GET"),
+        ("GET", "/subscriptions/my-sub/plugin", "PUT"),
+        ("PUT", "/subscriptions/my-sub/canary/promote", "POST"),
+    ] {
+        let raw = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        let exchange = async {
+            let mut stream = TcpStream::connect(&addr).await?;
+            stream.write_all(raw.as_bytes()).await?;
+            let mut response = Vec::new();
+            stream.read_to_end(&mut response).await?;
+            anyhow::Ok(String::from_utf8_lossy(&response).into_owned())
+        };
+        let response = tokio::time::timeout(Duration::from_secs(10), exchange)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            response.starts_with("HTTP/1.1 405"),
+            "{method} {path}: {response}"
+        );
+        assert!(
+            response
+                .to_ascii_lowercase()
+                .contains(&format!("allow: {}", allow.to_ascii_lowercase())),
+            "{method} {path}: {response}"
+        );
+    }
+    // Declared, not sent: refused at once.
+    let raw = format!(
+        "PUT /subscriptions/my-sub/plugin HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        100 << 20
+    );
+    let (status, body) = send(&addr, raw.as_bytes()).await;
+    assert_eq!(status, 413, "{body}");
+    // Without the token it is still 401 first.
+    let raw = format!(
+        "PUT /subscriptions/my-sub/plugin HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        100 << 20
+    );
+    assert_eq!(send(&addr, raw.as_bytes()).await.0, 401);
+    // A write's report, through serde.
+    let echo = std::fs::read(guests::build().unwrap().echo).unwrap();
+    let mut raw = format!(
+        "PUT /subscriptions/my-sub/plugin HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        echo.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(&echo);
+    let exchange = async {
+        let mut stream = TcpStream::connect(&addr).await?;
+        stream.write_all(&raw).await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        anyhow::Ok(String::from_utf8_lossy(&response).into_owned())
+    };
+    let response = tokio::time::timeout(Duration::from_secs(60), exchange)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response
+            .to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{response}"
+    );
+    let body = response.split_once("\r\n\r\n").unwrap().1;
+    let report: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert!(
+        report["new"].as_str().unwrap().starts_with("sha256:"),
+        "{report}"
+    );
+    assert!(report["live_after_ms"].is_number(), "{report}");
+    drop(host);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn refused_writes_are_logged_in_summary_with_short_paths() {
     let (_kinesis, host, addr) = start("refusals").await;

@@ -1,0 +1,289 @@
+//! The routes of the operations server, as an `axum` router per listener
+//! (see [`super`] for what each answers): axum routes by method and path
+//! (a known path with another method is 405, with `Allow`), percent-decodes
+//! names in paths, and writes the JSON reports through serde; `tower-http`
+//! bounds every request's time and refuses an upload whose declared length
+//! is over the limit before reading it. The connection-level limits (head
+//! timeout, connection cap and lifetime) stay in [`super::serve`].
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use http_body_util::{BodyExt as _, LengthLimitError, Limited};
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+
+use super::limits::{BODY_READ_TIMEOUT, CONNECTION_LIFETIME, LogGate, capped};
+use super::{LOG_INTERVAL, MAX_PLUGIN_UPLOAD, OpsState, Routes, status_page};
+use crate::ids::SubscriptionName;
+use crate::swap::{CanaryError, KeySlice};
+
+/// Longest a read-only request may take: they answer from memory.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every handler shares.
+#[derive(Clone)]
+pub(super) struct Ctx {
+    state: Arc<OpsState>,
+    /// Refused writes, logged in summary.
+    refusals: Arc<Mutex<LogGate>>,
+}
+
+/// The router of a listener serving `routes`.
+pub(super) fn router(state: Arc<OpsState>, routes: Routes) -> Router {
+    let ctx = Ctx {
+        state,
+        refusals: Arc::new(Mutex::new(LogGate::every(LOG_INTERVAL))),
+    };
+    let read = Router::new()
+        .route("/healthz", get(|| async { text(StatusCode::OK, "ok\n") }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/", get(status))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            READ_TIMEOUT,
+        ));
+    let write = Router::new()
+        .route("/subscriptions/{name}/plugin", put(swap))
+        .route("/subscriptions/{name}/canary", put(canary))
+        .route("/subscriptions/{name}/canary/promote", post(promote))
+        .route("/subscriptions/{name}/canary/rollback", post(rollback))
+        .route_layer(RequestBodyLimitLayer::new(MAX_PLUGIN_UPLOAD))
+        // The token first (the outermost route layer): a caller without it
+        // learns nothing about names, parameters or sizes.
+        .route_layer(middleware::from_fn_with_state(ctx.clone(), authorize))
+        // A swap compiles the plugin: bounded by a connection's lifetime.
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            CONNECTION_LIFETIME,
+        ));
+    let app = match routes {
+        Routes::All => read.merge(write),
+        Routes::Read => read,
+        Routes::Write => write,
+    };
+    app.fallback(|| async { text(StatusCode::NOT_FOUND, "not found\n") })
+        .with_state(ctx)
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    let mut response = (status, body.into()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+async fn readyz(State(ctx): State<Ctx>) -> Response {
+    if ctx.state.telemetry.ready() {
+        text(StatusCode::OK, "ready\n")
+    } else {
+        text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn metrics(State(ctx): State<Ctx>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        ctx.state.telemetry.render(),
+    )
+        .into_response()
+}
+
+async fn status(State(ctx): State<Ctx>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        status_page(&ctx.state),
+    )
+        .into_response()
+}
+
+/// Lets a write through only with the admin token; refusals are logged at
+/// most once per [`LOG_INTERVAL`].
+async fn authorize(State(ctx): State<Ctx>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let refused = match (&ctx.state.token, presented) {
+        (None, _) => text(
+            StatusCode::FORBIDDEN,
+            "admin writes are off: set [admin] token or SHARDLANE_ADMIN_TOKEN\n",
+        ),
+        (Some(token), Some(presented)) if same_token(token, presented) => {
+            return next.run(req).await;
+        }
+        (Some(_), _) => text(
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required\n",
+        ),
+    };
+    let log = ctx
+        .refusals
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .note(Instant::now());
+    if let Some(suppressed) = log {
+        tracing::warn!(
+            status = refused.status().as_u16(),
+            path = %capped(req.uri().path()),
+            suppressed,
+            "admin: write refused"
+        );
+    }
+    refused
+}
+
+/// Whether `presented` is `token`, in time independent of both: their
+/// SHA-256 digests (fixed length, so the token's length does not show)
+/// compared in constant time.
+pub(super) fn same_token(token: &str, presented: &str) -> bool {
+    Sha256::digest(token.as_bytes())
+        .ct_eq(&Sha256::digest(presented.as_bytes()))
+        .into()
+}
+
+/// What a write reports (`{"old","new","changed","live_after_ms"}`).
+#[derive(serde::Serialize)]
+struct Report {
+    old: String,
+    new: String,
+    changed: bool,
+    live_after_ms: u128,
+}
+
+/// A write through the admin API.
+enum Admin {
+    Swap(Vec<u8>),
+    Canary(Vec<u8>, KeySlice),
+    Promote,
+    Rollback,
+}
+
+async fn swap(State(ctx): State<Ctx>, Path(name): Path<String>, body: Body) -> Response {
+    match read_upload(body).await {
+        Ok(upload) => write(&ctx, &name, Admin::Swap(upload)).await,
+        Err(refused) => refused,
+    }
+}
+
+async fn canary(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+    body: Body,
+) -> Response {
+    let slice = match key_fraction(query.as_deref().unwrap_or_default()) {
+        Ok(slice) => slice,
+        Err(message) => return text(StatusCode::BAD_REQUEST, message),
+    };
+    match read_upload(body).await {
+        Ok(upload) => write(&ctx, &name, Admin::Canary(upload, slice)).await,
+        Err(refused) => refused,
+    }
+}
+
+async fn promote(State(ctx): State<Ctx>, Path(name): Path<String>) -> Response {
+    write(&ctx, &name, Admin::Promote).await
+}
+
+async fn rollback(State(ctx): State<Ctx>, Path(name): Path<String>) -> Response {
+    write(&ctx, &name, Admin::Rollback).await
+}
+
+async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
+    let Some(slot) = ctx.state.slots.get(&SubscriptionName::from(name)) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("no subscription named {:?}\n", capped(name)),
+        );
+    };
+    let done = match action {
+        Admin::Swap(upload) => slot
+            .swap(upload, "admin API")
+            .await
+            .map_err(CanaryError::from),
+        Admin::Canary(upload, slice) => slot.start_canary(upload, slice, "admin API").await,
+        Admin::Promote => slot.promote("admin API").await,
+        Admin::Rollback => slot.rollback("admin API").await,
+    };
+    match done {
+        Ok(report) => axum::Json(Report {
+            old: report.old.to_string(),
+            new: report.new.to_string(),
+            changed: report.changed,
+            live_after_ms: report.live_after.as_millis(),
+        })
+        .into_response(),
+        Err(e @ CanaryError::NoCanary(_)) => text(StatusCode::CONFLICT, format!("{e}\n")),
+        Err(CanaryError::Plugin(e)) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")),
+    }
+}
+
+/// The `key_fraction` query parameter of a canary start.
+fn key_fraction(query: &str) -> Result<KeySlice, String> {
+    let value = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("key_fraction="))
+        .ok_or("key_fraction is required, e.g. ?key_fraction=0.1\n")?;
+    value
+        .parse::<f64>()
+        .ok()
+        .and_then(KeySlice::new)
+        .ok_or_else(|| {
+            format!(
+                "key_fraction {:?}: must be a number more than 0 (at least 0.000001), at most 1\n",
+                capped(value)
+            )
+        })
+}
+
+/// The body of an upload: 413 over [`MAX_PLUGIN_UPLOAD`] (a declared
+/// length over it never gets here: [`RequestBodyLimitLayer`]), 408 when it
+/// takes longer than [`BODY_READ_TIMEOUT`], 400 when it is malformed (a bad
+/// chunked encoding) or cut short.
+async fn read_upload(body: Body) -> Result<Vec<u8>, Response> {
+    let body = Limited::new(body, MAX_PLUGIN_UPLOAD).collect();
+    match tokio::time::timeout(BODY_READ_TIMEOUT, body).await {
+        Ok(Ok(body)) => Ok(body.to_bytes().to_vec()),
+        Ok(Err(e)) if is_over_limit(&*e) => Err(text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the upload is over {MAX_PLUGIN_UPLOAD} bytes\n"),
+        )),
+        Ok(Err(e)) => Err(text(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the upload: {e}\n"),
+        )),
+        Err(_) => Err(text(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the upload took longer than {BODY_READ_TIMEOUT:?}\n"),
+        )),
+    }
+}
+
+/// True when a body error is (or wraps) a length limit.
+fn is_over_limit(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<LengthLimitError>().is_some() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
