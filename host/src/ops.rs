@@ -6,7 +6,8 @@
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 once every subscription has its plugin loaded, its first shard sync done and every reader it owns positioned; 503 before |
 //! | `GET /metrics` | Prometheus text format |
-//! | `GET /` | a small HTML status page: per subscription its plugin digest and mode, per shard its owner, checkpoint, lag and state, per lane its calls |
+//! | `GET /` | a live HTML status page ([`status_page`]): per subscription its plugin digest and mode, per shard its owner, checkpoint, lag (with a chart) and state, per lane its calls, calls per second (with a chart) |
+//! | `GET /status.json` | what the page shows, as JSON: the page polls it every 2 s |
 //! | `PUT /subscriptions/{name}/plugin` | swaps the subscription's plugin for the component in the body (admin) |
 //! | `PUT /subscriptions/{name}/canary?key_fraction=F` | starts (or replaces) a canary: the component in the body handles a stable slice F of the keys (admin) |
 //! | `POST /subscriptions/{name}/canary/promote` | the candidate becomes the plugin for every key (admin) |
@@ -59,9 +60,9 @@
 
 mod limits;
 mod routes;
+mod status_page;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -76,7 +77,7 @@ use limits::CONNECTION_LIFETIME;
 use limits::{AcceptBackoff, LogGate};
 pub use limits::{HEADER_READ_TIMEOUT, LOG_INTERVAL, MAX_CONNECTIONS};
 
-use crate::ids::{OwnerId, SubscriptionName};
+use crate::ids::SubscriptionName;
 use crate::swap::PluginSlot;
 use crate::telemetry::Telemetry;
 
@@ -213,69 +214,6 @@ pub(crate) async fn serve(
 fn refuse_over_cap(stream: &TcpStream) {
     const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 26\r\nconnection: close\r\n\r\ntoo many admin connections";
     let _ = stream.try_write(BUSY);
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-fn status_page(state: &OpsState) -> String {
-    let mut html = String::from(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>shardlane</title>\
-         <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:.5em 0 1.5em}\
-         td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{background:#f3f3f3}</style>\
-         </head><body><h1>shardlane</h1>",
-    );
-    let _ = write!(
-        html,
-        "<p id=\"ready\">ready: {}</p>",
-        state.telemetry.ready()
-    );
-    for (name, status) in state.telemetry.subscriptions() {
-        let _ = write!(
-            html,
-            "<section class=\"subscription\" data-name=\"{n}\"><h2>{n}</h2><p>plugin <code class=\"digest\">{}</code> · mode {}</p>",
-            escape(&status.digest()),
-            escape(status.mode()),
-            n = escape(name.as_str())
-        );
-        if let Some(canary) = status.canary() {
-            let _ = write!(
-                html,
-                "<p class=\"canary\">canary <code>{}</code></p>",
-                escape(&canary)
-            );
-        }
-        html.push_str("<table class=\"shards\"><tr><th>shard</th><th>owner</th><th>checkpoint</th><th>behind (ms)</th><th>state</th></tr>");
-        for (shard, s) in status.shards() {
-            let _ = write!(
-                html,
-                "<tr class=\"shard\" data-shard=\"{sh}\"><td>{sh}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                escape(s.owner.as_ref().map_or("", OwnerId::as_str)),
-                escape(
-                    &s.checkpoint
-                        .as_ref()
-                        .map_or(String::new(), ToString::to_string)
-                ),
-                s.behind_ms.map(|m| m.to_string()).unwrap_or_default(),
-                s.state,
-                sh = escape(shard.as_str())
-            );
-        }
-        html.push_str("</table><table class=\"lanes\"><tr><th>lane</th><th>calls</th></tr>");
-        for (lane, calls) in status.lanes() {
-            let _ = write!(
-                html,
-                "<tr class=\"lane\"><td>{lane}</td><td>{calls}</td></tr>"
-            );
-        }
-        html.push_str("</table></section>");
-    }
-    html.push_str("</body></html>");
-    html
 }
 
 #[cfg(test)]

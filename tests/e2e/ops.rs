@@ -359,6 +359,8 @@ async fn metrics_readiness_and_the_status_page() {
             "--disable-quic",
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
+        // Lets the page's script poll a few times before the DOM is dumped.
+        .arg("--virtual-time-budget=7000")
         .arg("--dump-dom")
         .arg(format!("http://{addr}/"))
         .output()
@@ -379,8 +381,27 @@ async fn metrics_readiness_and_the_status_page() {
     }
     assert!(dom.contains("data-name=\"ops\""), "{dom}");
     assert!(dom.contains("class=\"digest\">sha256:"), "{dom}");
-    assert!(dom.contains("<td>reading</td>"), "{dom}");
+    assert!(dom.contains("<td class=\"state\">reading</td>"), "{dom}");
     assert!(dom.contains("workers = 2"), "{dom}");
+    // Live: the script polled /status.json, updated the page in place and
+    // drew a lag chart per shard and a calls-per-second chart.
+    assert!(dom.contains("id=\"updated\">updated 20"), "{dom}");
+    assert!(
+        dom.matches("<svg class=\"spark\"").count() >= 4,
+        "a lag chart per shard and a rate chart:\n{dom}"
+    );
+    assert!(dom.contains("<polyline"), "{dom}");
+    let (status, json) = http(&addr, "GET", "/status.json", None, b"");
+    assert_eq!(status, 200);
+    let snapshot: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(snapshot["subscriptions"][0]["name"], "ops");
+    assert_eq!(
+        snapshot["subscriptions"][0]["shards"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
     host.terminate().await.unwrap();
 }
 

@@ -49,6 +49,7 @@ pub(super) fn router(state: Arc<OpsState>, routes: Routes) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/", get(status))
+        .route("/status.json", get(status_json))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             READ_TIMEOUT,
@@ -107,9 +108,13 @@ async fn metrics(State(ctx): State<Ctx>) -> Response {
 async fn status(State(ctx): State<Ctx>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        status_page(&ctx.state),
+        status_page::page(&ctx.state),
     )
         .into_response()
+}
+
+async fn status_json(State(ctx): State<Ctx>) -> Response {
+    axum::Json(status_page::snapshot(&ctx.state)).into_response()
 }
 
 /// Lets a write through only with the admin token; refusals are logged at
