@@ -430,28 +430,30 @@ async fn the_grafana_dashboard_queries_only_series_the_host_exports() {
     .await
     .unwrap();
     let addr = admin_addr(&host);
-    // Checkpoints (and state commits) come every 200 ms: wait for one.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let metrics = loop {
+    // Some series appear with their first event (a checkpoint's age with
+    // its first write): poll until every queried one is there, or 30 s.
+    let missing_from = |metrics: &str| -> Vec<String> {
+        names
+            .iter()
+            .filter(|name| {
+                !metrics
+                    .lines()
+                    .any(|l| !l.starts_with('#') && l.starts_with(name.as_str()))
+            })
+            .cloned()
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let missing = loop {
         let (status, metrics) = http(&addr, "GET", "/metrics", None, b"");
         assert_eq!(status, 200);
-        if metrics.contains("shardlane_state_commit_seconds_count")
-            && metrics.contains("shardlane_outputs_total")
-            || std::time::Instant::now() > deadline
-        {
-            break metrics;
+        let missing = missing_from(&metrics);
+        if missing.is_empty() || std::time::Instant::now() > deadline {
+            break missing;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     host.terminate().await.unwrap();
-    let missing: Vec<&String> = names
-        .iter()
-        .filter(|name| {
-            !metrics
-                .lines()
-                .any(|l| !l.starts_with('#') && l.starts_with(name.as_str()))
-        })
-        .collect();
     assert!(
         missing.is_empty(),
         "the dashboard queries series the host does not export: {missing:?}"
