@@ -228,6 +228,36 @@ impl DynamoDbLeaseStore {
         })
     }
 
+    /// Every item whose `lease_group` is `group`, all pages, read
+    /// consistently.
+    async fn query_group(
+        &self,
+        group: &str,
+    ) -> Result<Vec<HashMap<String, AttributeValue>>, LeaseError> {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .key_condition_expression("#g = :g")
+                .expression_attribute_names("#g", GROUP)
+                .expression_attribute_values(":g", s(group))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(failed)?;
+            let last = page.last_evaluated_key().filter(|l| !l.is_empty()).cloned();
+            items.extend(page.items.unwrap_or_default());
+            match last {
+                Some(last) => start = Some(last),
+                None => return Ok(items),
+            }
+        }
+    }
+
     fn key_of(&self, key: &LeaseKey) -> HashMap<String, AttributeValue> {
         HashMap::from([
             (GROUP.to_owned(), s(&group(&key.subscription, &key.stream))),
@@ -291,35 +321,16 @@ impl LeaseStore for DynamoDbLeaseStore {
         stream: &StreamName,
     ) -> Result<Vec<Lease>, LeaseError> {
         let mut leases = Vec::new();
-        let mut start: Option<HashMap<String, AttributeValue>> = None;
-        loop {
-            let page = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .consistent_read(true)
-                .key_condition_expression("#g = :g")
-                .expression_attribute_names("#g", GROUP)
-                .expression_attribute_values(":g", s(&group(subscription, stream)))
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(failed)?;
-            for item in page.items() {
-                let Some(shard) = item.get(SHARD).and_then(|v| v.as_s().ok()) else {
-                    continue;
-                };
-                let key = LeaseKey {
-                    subscription: subscription.clone(),
-                    stream: stream.clone(),
-                    shard: ShardId::new(shard.as_str()),
-                };
-                leases.push(decode(key, item)?);
-            }
-            match page.last_evaluated_key() {
-                Some(last) if !last.is_empty() => start = Some(last.clone()),
-                _ => break,
-            }
+        for item in self.query_group(&group(subscription, stream)).await? {
+            let Some(shard) = item.get(SHARD).and_then(|v| v.as_s().ok()) else {
+                continue;
+            };
+            let key = LeaseKey {
+                subscription: subscription.clone(),
+                stream: stream.clone(),
+                shard: ShardId::new(shard.as_str()),
+            };
+            leases.push(decode(key, &item)?);
         }
         Ok(leases)
     }

@@ -409,34 +409,19 @@ impl DynamoDbLeaseStore {
         sub: &SubscriptionName,
         tag: &str,
     ) -> Result<Vec<(String, Vec<String>)>, LeaseError> {
-        let mut out = Vec::new();
-        let mut start = None;
-        loop {
-            let page = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .consistent_read(true)
-                .key_condition_expression("#g = :g")
-                .expression_attribute_names("#g", GROUP)
-                .expression_attribute_values(":g", s(&manifest_group(sub, tag)))
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(failed)?;
-            for item in page.items() {
+        Ok(self
+            .query_group(&manifest_group(sub, tag))
+            .await?
+            .iter()
+            .map(|item| {
                 let keys = item
                     .get(KEYS)
                     .and_then(|v| v.as_l().ok())
                     .map(|l| l.iter().filter_map(|k| k.as_s().ok().cloned()).collect())
                     .unwrap_or_default();
-                out.push((string(item, SHARD).unwrap_or_default(), keys));
-            }
-            match page.last_evaluated_key() {
-                Some(last) if !last.is_empty() => start = Some(last.clone()),
-                _ => return Ok(out),
-            }
-        }
+                (string(item, SHARD).unwrap_or_default(), keys)
+            })
+            .collect())
     }
 
     /// `state := pending` where the item is still pending on `tag`.
