@@ -2,9 +2,12 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use shardlane_testkit::{HostProcess, LogLine};
+use shardlane_testkit::{HostProcess, Kinesis, LogLine};
+use tokio::task::JoinHandle;
 
 /// The host binary under test.
 pub fn shardlane_bin() -> &'static Path {
@@ -153,4 +156,44 @@ pub fn by_shard(put: &[(String, String)]) -> HashMap<String, Vec<String>> {
         seqs.sort_by(|a, b| seq_key(a).cmp(&seq_key(b)));
     }
     want
+}
+
+/// A producer for tests that run while records keep arriving: `per_tick`
+/// records every `pause` until the returned flag is set, one PutRecord at a
+/// time (so each key's order is exact). Record `n` (from 1) is `next(n)`:
+/// its partition key, its data, and what to return for it; the task
+/// returns those, in put order.
+pub fn trickle<T: Send + 'static>(
+    kinesis: &Kinesis,
+    stream: &str,
+    per_tick: usize,
+    pause: Duration,
+    mut next: impl FnMut(usize) -> (String, Vec<u8>, T) + Send + 'static,
+) -> (Arc<AtomicBool>, JoinHandle<Vec<T>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let client = kinesis.client();
+    let stream = stream.to_owned();
+    let task = tokio::spawn(async move {
+        let mut put = Vec::new();
+        let mut n = 0;
+        while !flag.load(Ordering::SeqCst) {
+            for _ in 0..per_tick {
+                n += 1;
+                let (key, data, kept) = next(n);
+                client
+                    .put_record()
+                    .stream_name(&stream)
+                    .partition_key(key)
+                    .data(aws_sdk_kinesis::primitives::Blob::new(data))
+                    .send()
+                    .await
+                    .expect("PutRecord");
+                put.push(kept);
+            }
+            tokio::time::sleep(pause).await;
+        }
+        put
+    });
+    (stop, task)
 }

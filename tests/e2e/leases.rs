@@ -15,7 +15,7 @@ use shardlane::lease::{Checkpoint, LeaseStore};
 use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
 use tokio::task::JoinHandle;
 
-use crate::common::{field, guest_lines, seq_key, shardlane_bin};
+use crate::common::{field, guest_lines, seq_key, shardlane_bin, trickle};
 
 /// The data of a `handled data=<data> attempt=<n>` guest line.
 pub(crate) fn handled_data(line: &LogLine) -> &str {
@@ -47,39 +47,20 @@ pub(crate) fn producer(
     keys: usize,
     per_tick: usize,
 ) -> (Arc<AtomicBool>, JoinHandle<Vec<String>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let client = kinesis.client();
-    let stream = stream.to_owned();
-    let flag = stop.clone();
-    let task = tokio::spawn(async move {
-        let mut counters = vec![0u32; keys];
-        let mut put = Vec::new();
-        let mut next = 0;
-        while !flag.load(Ordering::SeqCst) {
-            for _ in 0..per_tick {
-                let k = next % keys;
-                next += 1;
-                counters[k] += 1;
-                let data = format!("key-{k}#{}", counters[k]);
-                // One PutRecord at a time keeps each key's order exact.
-                client
-                    .put_record()
-                    .stream_name(&stream)
-                    .partition_key(format!("key-{k}"))
-                    .data(aws_sdk_kinesis::primitives::Blob::new(
-                        data.clone().into_bytes(),
-                    ))
-                    .send()
-                    .await
-                    .expect("PutRecord");
-                put.push(data);
-            }
-            // The producer's pace: a steady trickle while the fleet changes.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        put
-    });
-    (stop, task)
+    let mut counters = vec![0u32; keys];
+    // The producer's pace: a steady trickle while the fleet changes.
+    trickle(
+        kinesis,
+        stream,
+        per_tick,
+        Duration::from_millis(50),
+        move |n| {
+            let k = (n - 1) % keys;
+            counters[k] += 1;
+            let data = format!("key-{k}#{}", counters[k]);
+            (format!("key-{k}"), data.clone().into_bytes(), data)
+        },
+    )
 }
 
 /// The lease settings fleet tests use: quick expiry and syncs.

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use shardlane_testkit::{HostProcess, Kinesis, LogLine, guests, unique_name};
 use tokio::task::JoinHandle;
 
-use crate::common::{admin_addr, config, field, http, shardlane_bin, subscription};
+use crate::common::{admin_addr, config, field, http, shardlane_bin, subscription, trickle};
 
 /// (version, data, lane) of every handled record in log order: v1 is the
 /// retry guest (`handled data=…`), v2 the echo guest (`echo … data="…"`).
@@ -40,35 +40,11 @@ fn handled(lines: &[LogLine]) -> Vec<(u8, String, u64)> {
 }
 
 fn producer(kinesis: &Kinesis, stream: &str) -> (Arc<AtomicBool>, JoinHandle<Vec<String>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let client = kinesis.client();
-    let stream = stream.to_owned();
-    let task = tokio::spawn(async move {
-        let mut put = Vec::new();
-        let mut n = 0;
-        while !flag.load(Ordering::SeqCst) {
-            for _ in 0..5 {
-                n += 1;
-                let data = format!("r{n}");
-                client
-                    .put_record()
-                    .stream_name(&stream)
-                    .partition_key(format!("key-{}", n % 12))
-                    .data(aws_sdk_kinesis::primitives::Blob::new(
-                        data.clone().into_bytes(),
-                    ))
-                    .send()
-                    .await
-                    .expect("PutRecord");
-                put.push(data);
-            }
-            // A steady trickle of records throughout the swap.
-            tokio::time::sleep(Duration::from_millis(40)).await;
-        }
-        put
-    });
-    (stop, task)
+    // A steady trickle of records throughout the swap.
+    trickle(kinesis, stream, 5, Duration::from_millis(40), |n| {
+        let data = format!("r{n}");
+        (format!("key-{}", n % 12), data.clone().into_bytes(), data)
+    })
 }
 
 /// Replaces `path` atomically (write beside, then rename), as a deploy

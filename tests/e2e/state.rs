@@ -16,7 +16,7 @@ use shardlane_testkit::{
 };
 use tokio::task::JoinHandle;
 
-use crate::common::{field, guest_lines, shardlane_bin};
+use crate::common::{field, guest_lines, shardlane_bin, trickle};
 use crate::leases::{env, fleet_config, split_then_merge, wait_counts};
 
 const KEYS: usize = 50;
@@ -51,35 +51,11 @@ state = {{ max_value = "1KiB" }}
 /// Puts `{"amount": n}` records over [`KEYS`] keys, 25 every 100 ms, until
 /// stopped; returns every (key, amount) put.
 fn amounts(kinesis: &Kinesis, stream: &str) -> (Arc<AtomicBool>, JoinHandle<Vec<(String, i64)>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let client = kinesis.client();
-    let stream = stream.to_owned();
-    let task = tokio::spawn(async move {
-        let mut put = Vec::new();
-        let mut i = 0usize;
-        while !flag.load(Ordering::SeqCst) {
-            for _ in 0..25 {
-                i += 1;
-                let (key, amount) = (format!("key-{}", i % KEYS), (i % 9) as i64 + 1);
-                // One PutRecord at a time keeps each key's order exact.
-                client
-                    .put_record()
-                    .stream_name(&stream)
-                    .partition_key(&key)
-                    .data(aws_sdk_kinesis::primitives::Blob::new(format!(
-                        "{{\"amount\": {amount}}}"
-                    )))
-                    .send()
-                    .await
-                    .expect("PutRecord");
-                put.push((key, amount));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        put
-    });
-    (stop, task)
+    trickle(kinesis, stream, 25, Duration::from_millis(100), |n| {
+        let (key, amount) = (format!("key-{}", n % KEYS), (n % 9) as i64 + 1);
+        let data = format!("{{\"amount\": {amount}}}").into_bytes();
+        (key.clone(), data, (key, amount))
+    })
 }
 
 /// Each key's total as a guest logged it last (`total key=<k> total=<t>`).
