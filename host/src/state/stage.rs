@@ -42,6 +42,9 @@ struct Entry {
 struct ShardStage {
     session: SessionId,
     keys: HashMap<PartitionKey, Entry>,
+    /// The keys' current bytes, kept as they change (the metrics read it
+    /// at every commit: no walk over the keys).
+    bytes: usize,
     /// Acked records' writes by the record's position, in shard order.
     staged: BTreeMap<Position, Vec<(PartitionKey, Delta)>>,
 }
@@ -122,6 +125,7 @@ impl StateStage {
                 ShardStage {
                     session,
                     keys: HashMap::new(),
+                    bytes: 0,
                     staged: BTreeMap::new(),
                 },
             );
@@ -216,15 +220,21 @@ impl StateStage {
             };
             // A key dropped from the cache since the call began was clean:
             // its committed state is what the call began with.
-            let entry = shard.keys.entry(key.clone()).or_insert_with(|| Entry {
-                committed: base.clone(),
-                current: base.clone(),
-                staged: 0,
+            let mut added = false;
+            let entry = shard.keys.entry(key.clone()).or_insert_with(|| {
+                added = true;
+                Entry {
+                    committed: base.clone(),
+                    current: base.clone(),
+                    staged: 0,
+                }
             });
+            let before = if added { 0 } else { entry.current.bytes() };
             for (name, value) in &delta {
                 entry.current.put(name, value.clone());
             }
             entry.staged += 1;
+            shard.bytes = shard.bytes - before + entry.current.bytes();
             shard
                 .staged
                 .entry(position_of(record))
@@ -300,7 +310,15 @@ impl StateStage {
                 }
             }
             if stage.keys.len() > CACHED_KEYS_PER_SHARD {
-                stage.keys.retain(|_, e| e.staged > 0);
+                let mut dropped = 0;
+                stage.keys.retain(|_, e| {
+                    let keep = e.staged > 0;
+                    if !keep {
+                        dropped += e.current.bytes();
+                    }
+                    keep
+                });
+                stage.bytes -= dropped;
             }
         });
         self.report();
@@ -313,10 +331,9 @@ impl StateStage {
 
     fn report(&self) {
         let (keys, bytes) = self.with(|shards| {
-            shards
-                .values()
-                .flat_map(|s| s.keys.values())
-                .fold((0, 0), |(k, b), e| (k + 1, b + e.current.bytes() as u64))
+            shards.values().fold((0, 0), |(k, b), s| {
+                (k + s.keys.len() as u64, b + s.bytes as u64)
+            })
         });
         self.metrics.keys.set(keys);
         self.metrics.bytes.set(bytes);
@@ -424,6 +441,11 @@ mod tests {
         stage.committed(&shard, SessionId(1), commit);
         assert_eq!(stored_total(&store, "a").await.as_deref(), Some("7"));
         assert_eq!(stored_total(&store, "b").await.as_deref(), Some("1"));
+        // What the stage holds, reported at the commit: two keys, each one
+        // value named "total" ("8" and "1").
+        let weight = |digits: usize| ("total".len() + digits + crate::state::VALUE_OVERHEAD) as u64;
+        assert_eq!(stage.metrics().keys.get(), 2);
+        assert_eq!(stage.metrics().bytes.get(), weight(1) + weight(1));
 
         // Nothing new up to 3; record 4 goes with the next checkpoint.
         assert!(stage.commit(&shard, SessionId(1), &at(3)).is_empty());
