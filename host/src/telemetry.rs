@@ -1,24 +1,40 @@
 //! Telemetry: the Prometheus metrics and the live status the operations
 //! endpoints serve (`/metrics`, `/readyz`, the status page).
 //!
-//! Stages get cheap handles once (a [`Counter`] or [`Gauge`] is an
-//! `Arc<AtomicU64>`), so the hot path does one relaxed atomic add per
-//! event; the registry's lock is taken only to register a series and to
-//! render. Each subscription's live status (plugin versions, shard states,
-//! lane load) has one owner, [`SubscriptionStatus`] ([`status`]); handler
-//! and GetRecords calls run in OpenTelemetry-shaped [`spans`].
+//! Metrics live in a [`prometheus_client`] registry and are rendered in the
+//! Prometheus text format (0.0.4) by its encoder. This module is the thin
+//! layer the stages see: a series is registered on first use by name, help
+//! and labels, and the stage keeps the handle it gets back (a [`Counter`] or
+//! [`Gauge`] is an `Arc` of one atomic; a [`Histogram`] an `Arc` of a small
+//! mutex-guarded bucket array, with an exact `f64` sum), so the hot path
+//! never touches the registry. The layer adds what the crate leaves to its
+//! users: series looked up by name at run time, and removing every series
+//! of a shard this instance no longer reads ([`Telemetry::forget`]).
+//! Process metrics (`process_cpu_seconds_total`, memory, threads, open
+//! files; [`process`]) and per-shard checkpoint ages are computed at scrape.
+//!
+//! Each subscription's live status (plugin versions, shard states, lane
+//! load) has one owner, [`SubscriptionStatus`] ([`status`]); handler and
+//! GetRecords calls run in OpenTelemetry-shaped [`spans`].
 //!
 //! Names follow Prometheus conventions: `shardlane_` prefix, `_total` for
 //! counters, `_seconds` for durations.
 
+mod process;
 pub(crate) mod spans;
 mod status;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::{MetricType, counter, gauge, histogram};
+use prometheus_client::registry::Registry;
 
 pub(crate) use status::SubscriptionStatus;
 
@@ -26,73 +42,49 @@ use crate::ids::SubscriptionName;
 
 /// A monotonically increasing count.
 #[derive(Clone, Default, Debug)]
-pub struct Counter(Arc<AtomicU64>);
+pub struct Counter(counter::Counter<u64, AtomicU64>);
 
 impl Counter {
     /// Adds one.
     pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.0.inc();
     }
 
     /// Adds `n`.
     pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
+        self.0.inc_by(n);
     }
 
     /// The count.
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.get()
     }
 }
 
 /// A value that goes up and down.
 #[derive(Clone, Default, Debug)]
-pub struct Gauge(Arc<AtomicU64>);
+pub struct Gauge(gauge::Gauge<i64>);
 
 impl Gauge {
     /// Sets it.
     pub fn set(&self, value: u64) {
-        self.0.store(value, Ordering::Relaxed);
+        self.0.set(i64::try_from(value).unwrap_or(i64::MAX));
     }
 
     /// The value.
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        u64::try_from(self.0.get()).unwrap_or(0)
     }
 }
 
 /// A histogram with fixed bucket bounds.
 #[derive(Clone, Debug)]
-pub struct Histogram(Arc<HistogramInner>);
-
-#[derive(Debug)]
-struct HistogramInner {
-    bounds: &'static [f64],
-    buckets: Vec<AtomicU64>,
-    count: AtomicU64,
-    /// Sum in millionths of the unit, to stay atomic.
-    sum_micros: AtomicU64,
-}
+pub struct Histogram(histogram::Histogram);
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Self(Arc::new(HistogramInner {
-            bounds,
-            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
-            sum_micros: AtomicU64::new(0),
-        }))
-    }
-
     /// Records one observation.
     pub fn observe(&self, value: f64) {
-        let h = &self.0;
-        if let Some(i) = h.bounds.iter().position(|&b| value <= b) {
-            h.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        h.count.fetch_add(1, Ordering::Relaxed);
-        h.sum_micros
-            .fetch_add((value * 1e6) as u64, Ordering::Relaxed);
+        self.0.observe(value);
     }
 
     /// Records a duration in seconds.
@@ -111,27 +103,66 @@ pub(crate) const BATCH_BUCKETS: &[f64] = &[
     1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
 ];
 
+/// A series' labels, in the order they are rendered.
 type Labels = Vec<(&'static str, String)>;
 
-enum Series {
-    Counter(Counter),
-    Gauge(Gauge),
-    Histogram(Histogram),
+/// Makes each histogram of a family with the family's bounds.
+#[derive(Clone, Debug)]
+struct Bounds(&'static [f64]);
+
+impl MetricConstructor<histogram::Histogram> for Bounds {
+    fn new_metric(&self) -> histogram::Histogram {
+        histogram::Histogram::new(self.0.iter().copied())
+    }
 }
 
-struct Family {
-    help: &'static str,
-    kind: &'static str,
-    series: Vec<(Labels, Series)>,
+/// One registered family (its handle shares the series with the registry)
+/// and the label sets made in it, so they can be found by a label's value.
+enum Series {
+    Counter(Family<Labels, counter::Counter<u64, AtomicU64>>),
+    Gauge(Family<Labels, gauge::Gauge<i64>>),
+    Histogram(Family<Labels, histogram::Histogram, Bounds>),
 }
+
+impl Series {
+    fn remove(&self, labels: &Labels) {
+        match self {
+            Series::Counter(f) => f.remove(labels),
+            Series::Gauge(f) => f.remove(labels),
+            Series::Histogram(f) => f.remove(labels),
+        };
+    }
+}
+
+struct Registered {
+    series: Series,
+    made: Vec<Labels>,
+}
+
+type Subscriptions = Arc<Mutex<BTreeMap<SubscriptionName, Arc<SubscriptionStatus>>>>;
 
 /// All metrics and status of one host process.
-#[derive(Default)]
 pub struct Telemetry {
-    families: Mutex<BTreeMap<&'static str, Family>>,
-    subscriptions: Mutex<BTreeMap<SubscriptionName, Arc<SubscriptionStatus>>>,
+    registry: Mutex<Registry>,
+    families: Mutex<BTreeMap<&'static str, Registered>>,
+    subscriptions: Subscriptions,
     /// Refreshes gauges whose value is read at scrape time.
     collectors: Mutex<Vec<Box<dyn Fn() + Send>>>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        let subscriptions = Subscriptions::default();
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(process::ProcessCollector));
+        registry.register_collector(Box::new(CheckpointAges(subscriptions.clone())));
+        Self {
+            registry: Mutex::new(registry),
+            families: Mutex::default(),
+            subscriptions,
+            collectors: Mutex::default(),
+        }
+    }
 }
 
 impl Telemetry {
@@ -140,50 +171,62 @@ impl Telemetry {
         Arc::new(Self::default())
     }
 
-    fn register(
+    /// Runs `pick` on the family `name`, registering it with `make` first.
+    /// Records `labels` as made in it.
+    fn series<T>(
         &self,
         name: &'static str,
         help: &'static str,
-        kind: &'static str,
-        labels: Labels,
+        labels: &[(&'static str, &str)],
         make: impl FnOnce() -> Series,
-    ) -> Series {
+        pick: impl FnOnce(&Series, &Labels) -> Option<T>,
+    ) -> T {
+        let labels = own(labels);
         let mut families = self.families.lock().unwrap_or_else(|e| e.into_inner());
-        let family = families.entry(name).or_insert_with(|| Family {
-            help,
-            kind,
-            series: Vec::new(),
+        let family = families.entry(name).or_insert_with(|| {
+            let series = make();
+            let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+            match &series {
+                // The encoder appends `_total` to a counter's name.
+                Series::Counter(f) => {
+                    registry.register(name.strip_suffix("_total").unwrap_or(name), help, f.clone())
+                }
+                Series::Gauge(f) => registry.register(name, help, f.clone()),
+                Series::Histogram(f) => registry.register(name, help, f.clone()),
+            }
+            Registered {
+                series,
+                made: Vec::new(),
+            }
         });
-        if let Some((_, series)) = family.series.iter().find(|(l, _)| *l == labels) {
-            return match series {
-                Series::Counter(c) => Series::Counter(c.clone()),
-                Series::Gauge(g) => Series::Gauge(g.clone()),
-                Series::Histogram(h) => Series::Histogram(h.clone()),
-            };
-        }
-        let series = make();
-        let copy = match &series {
-            Series::Counter(c) => Series::Counter(c.clone()),
-            Series::Gauge(g) => Series::Gauge(g.clone()),
-            Series::Histogram(h) => Series::Histogram(h.clone()),
+        let Some(handle) = pick(&family.series, &labels) else {
+            panic!("{name} is registered as another kind of metric");
         };
-        family.series.push((labels, series));
-        copy
+        if !family.made.contains(&labels) {
+            family.made.push(labels);
+        }
+        handle
     }
 
-    /// The counter `name{labels}`, registered on first use.
+    /// The counter `name{labels}`, registered on first use. `name` ends in
+    /// `_total`.
     pub fn counter(
         &self,
         name: &'static str,
         help: &'static str,
         labels: &[(&'static str, &str)],
     ) -> Counter {
-        match self.register(name, help, "counter", own(labels), || {
-            Series::Counter(Counter::default())
-        }) {
-            Series::Counter(c) => c,
-            _ => unreachable!("{name} is a counter"),
-        }
+        debug_assert!(name.ends_with("_total"), "counter {name} ends in _total");
+        self.series(
+            name,
+            help,
+            labels,
+            || Series::Counter(Family::default()),
+            |s, l| match s {
+                Series::Counter(f) => Some(Counter(f.get_or_create_owned(l))),
+                _ => None,
+            },
+        )
     }
 
     /// The gauge `name{labels}`, registered on first use.
@@ -193,15 +236,19 @@ impl Telemetry {
         help: &'static str,
         labels: &[(&'static str, &str)],
     ) -> Gauge {
-        match self.register(name, help, "gauge", own(labels), || {
-            Series::Gauge(Gauge::default())
-        }) {
-            Series::Gauge(g) => g,
-            _ => unreachable!("{name} is a gauge"),
-        }
+        self.series(
+            name,
+            help,
+            labels,
+            || Series::Gauge(Family::default()),
+            |s, l| match s {
+                Series::Gauge(f) => Some(Gauge(f.get_or_create_owned(l))),
+                _ => None,
+            },
+        )
     }
 
-    /// The histogram `name{labels}`, registered on first use.
+    /// The histogram `name{labels}`, registered on first use with `bounds`.
     pub fn histogram(
         &self,
         name: &'static str,
@@ -209,31 +256,43 @@ impl Telemetry {
         labels: &[(&'static str, &str)],
         bounds: &'static [f64],
     ) -> Histogram {
-        match self.register(name, help, "histogram", own(labels), || {
-            Series::Histogram(Histogram::new(bounds))
-        }) {
-            Series::Histogram(h) => h,
-            _ => unreachable!("{name} is a histogram"),
-        }
+        self.series(
+            name,
+            help,
+            labels,
+            || Series::Histogram(Family::new_with_constructor(Bounds(bounds))),
+            |s, l| match s {
+                Series::Histogram(f) => Some(Histogram(f.get_or_create_owned(l))),
+                _ => None,
+            },
+        )
     }
 
     /// Removes every series of `name` whose labels include `label = value`
     /// (e.g. a shard this instance no longer reads).
     pub fn forget(&self, name: &'static str, label: &'static str, value: &str) {
-        let mut families = self.families.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(family) = families.get_mut(name) {
-            family
-                .series
-                .retain(|(labels, _)| !labels.iter().any(|(k, v)| *k == label && v == value));
-        }
+        self.forget_where(name, |labels| {
+            labels.iter().any(|(k, v)| *k == label && v == value)
+        });
     }
 
     /// Removes the one series of `name` with exactly these labels.
     pub fn forget_series(&self, name: &'static str, labels: &[(&'static str, &str)]) {
         let labels = own(labels);
+        self.forget_where(name, |l| *l == labels);
+    }
+
+    fn forget_where(&self, name: &'static str, doomed: impl Fn(&Labels) -> bool) {
         let mut families = self.families.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(family) = families.get_mut(name) {
-            family.series.retain(|(l, _)| *l != labels);
+            let Registered { series, made } = family;
+            made.retain(|labels| {
+                let keep = !doomed(labels);
+                if !keep {
+                    series.remove(labels);
+                }
+                keep
+            });
         }
     }
 
@@ -265,8 +324,8 @@ impl Telemetry {
             .push(Box::new(collect));
     }
 
-    /// The Prometheus text exposition of every metric, plus per-shard
-    /// checkpoint ages computed now.
+    /// The Prometheus text exposition (0.0.4) of every metric, with the
+    /// values read at scrape time computed now.
     pub fn render(&self) -> String {
         for collect in self
             .collectors
@@ -277,92 +336,48 @@ impl Telemetry {
             collect();
         }
         let mut out = String::new();
-        let families = self.families.lock().unwrap_or_else(|e| e.into_inner());
-        for (name, family) in families.iter() {
-            let _ = writeln!(out, "# HELP {name} {}", family.help);
-            let _ = writeln!(out, "# TYPE {name} {}", family.kind);
-            for (labels, series) in &family.series {
-                match series {
-                    Series::Counter(c) => {
-                        let _ = writeln!(out, "{name}{} {}", fmt_labels(labels, None), c.get());
-                    }
-                    Series::Gauge(g) => {
-                        let _ = writeln!(out, "{name}{} {}", fmt_labels(labels, None), g.get());
-                    }
-                    Series::Histogram(h) => {
-                        let mut cumulative = 0;
-                        for (bound, bucket) in h.0.bounds.iter().zip(&h.0.buckets) {
-                            cumulative += bucket.load(Ordering::Relaxed);
-                            let le = format!("{bound}");
-                            let _ = writeln!(
-                                out,
-                                "{name}_bucket{} {cumulative}",
-                                fmt_labels(labels, Some(&le))
-                            );
-                        }
-                        let count = h.0.count.load(Ordering::Relaxed);
-                        let _ = writeln!(
-                            out,
-                            "{name}_bucket{} {count}",
-                            fmt_labels(labels, Some("+Inf"))
-                        );
-                        let sum = h.0.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-                        let _ = writeln!(out, "{name}_sum{} {sum}", fmt_labels(labels, None));
-                        let _ = writeln!(out, "{name}_count{} {count}", fmt_labels(labels, None));
-                    }
-                }
-            }
-        }
-        drop(families);
-        let _ = writeln!(
-            out,
-            "# HELP shardlane_checkpoint_age_seconds Time since the shard's last checkpoint write."
-        );
-        let _ = writeln!(out, "# TYPE shardlane_checkpoint_age_seconds gauge");
-        for (sub, status) in self.subscriptions() {
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
+        out
+    }
+}
+
+/// `shardlane_checkpoint_age_seconds`: the time since each read shard's last
+/// checkpoint write, computed at scrape.
+#[derive(Debug)]
+struct CheckpointAges(Subscriptions);
+
+impl Collector for CheckpointAges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let subs: Vec<_> = {
+            let subs = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            subs.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        let mut family = encoder.encode_descriptor(
+            "shardlane_checkpoint_age_seconds",
+            "Time since the shard's last checkpoint write.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (sub, status) in subs {
             for (shard, s) in status.shards() {
                 if let Some(at) = s.checkpoint_at {
-                    let labels = vec![
+                    let labels = [
                         ("subscription", sub.to_string()),
                         ("shard_id", shard.to_string()),
                     ];
-                    let _ = writeln!(
-                        out,
-                        "shardlane_checkpoint_age_seconds{} {:.3}",
-                        fmt_labels(&labels, None),
-                        at.elapsed().as_secs_f64()
-                    );
+                    ConstGauge::new(at.elapsed().as_secs_f64())
+                        .encode(family.encode_family(&labels)?)?;
                 }
             }
         }
-        out
+        Ok(())
     }
 }
 
 fn own(labels: &[(&'static str, &str)]) -> Labels {
     labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect()
-}
-
-fn fmt_labels(labels: &Labels, le: Option<&str>) -> String {
-    let mut parts: Vec<String> = labels
-        .iter()
-        .map(|(k, v)| {
-            format!(
-                "{k}=\"{}\"",
-                v.replace('\\', "\\\\")
-                    .replace('"', "\\\"")
-                    .replace('\n', "\\n")
-            )
-        })
-        .collect();
-    if let Some(le) = le {
-        parts.push(format!("le=\"{le}\""));
-    }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("{{{}}}", parts.join(","))
-    }
 }
 
 #[cfg(test)]
@@ -405,6 +420,10 @@ mod tests {
             "{text}"
         );
         assert!(
+            text.contains("# TYPE process_cpu_seconds_total counter"),
+            "{text}"
+        );
+        assert!(
             text.contains("shardlane_records_total{subscription=\"a\",outcome=\"ack\"} 4"),
             "{text}"
         );
@@ -430,6 +449,38 @@ mod tests {
         );
         t.forget("shardlane_leases_held", "subscription", "a");
         assert!(!t.render().contains("shardlane_leases_held{"));
+    }
+
+    #[test]
+    fn histogram_sums_are_exact_and_process_metrics_are_rendered() {
+        let t = Telemetry::new();
+        let h = t.histogram(
+            "shardlane_batch_size",
+            "Records per handler call.",
+            &[("subscription", "a")],
+            BATCH_BUCKETS,
+        );
+        // Sums kept in millionths would lose the fraction below 1e-6.
+        for _ in 0..3 {
+            h.observe(0.000_000_25);
+        }
+        h.observe(2.0);
+        let text = t.render();
+        assert!(
+            text.contains("shardlane_batch_size_sum{subscription=\"a\"} 2.00000075"),
+            "{text}"
+        );
+        for series in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_threads ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(text.contains(series), "{series} in {text}");
+        }
+        t.forget("shardlane_batch_size", "subscription", "a");
+        assert!(!t.render().contains("shardlane_batch_size_sum{"));
     }
 
     #[test]

@@ -380,14 +380,16 @@ async fn the_grafana_dashboard_queries_only_series_the_host_exports() {
     }
     let mut names = BTreeSet::new();
     for query in &queries {
-        let mut rest = query.as_str();
-        while let Some(at) = rest.find("shardlane_") {
-            let name: String = rest[at..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            rest = &rest[at + name.len()..];
-            names.insert(name);
+        for prefix in ["shardlane_", "process_"] {
+            let mut rest = query.as_str();
+            while let Some(at) = rest.find(prefix) {
+                let name: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest = &rest[at + name.len()..];
+                names.insert(name);
+            }
         }
     }
     assert!(names.len() >= 20, "the dashboard queries {names:?}");
