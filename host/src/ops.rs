@@ -5,8 +5,8 @@
 //! |---|---|
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 once every subscription has its plugin loaded, its first shard sync done and every reader it owns positioned; 503 before |
-//! | `GET /metrics` | Prometheus text format |
-//! | `GET /` | a live HTML status page ([`status_page`]): per subscription its plugin digest and mode, per shard its owner, checkpoint, lag (with a chart) and state, per lane its calls, calls per second (with a chart) |
+//! | `GET /metrics` | Prometheus text format (0.0.4), rendered by `prometheus-client` ([`crate::telemetry`]) |
+//! | `GET /` | a live HTML status page ([`status_page`]): per subscription its plugin digest, mode and calls per second; per plugin version (stable and canary candidate) its records per second and outcomes; per shard its owner, checkpoint, lag, records per second and state; per lane its calls per second; the latest lease owner changes. Charts of the last 5 minutes |
 //! | `GET /status.json` | what the page shows, as JSON: the page polls it every 2 s |
 //! | `PUT /subscriptions/{name}/plugin` | swaps the subscription's plugin for the component in the body (admin) |
 //! | `PUT /subscriptions/{name}/canary?key_fraction=F` | starts (or replaces) a canary: the component in the body handles a stable slice F of the keys (admin) |

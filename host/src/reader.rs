@@ -101,6 +101,8 @@ struct Reading {
     pace: pace::Pace,
     reads_with_records: crate::telemetry::Counter,
     reads_empty: crate::telemetry::Counter,
+    /// Records handed out (each KPL user record counts).
+    records: crate::telemetry::Counter,
 }
 
 /// What de-aggregation found on a shard, counted (see [`crate::kpl`]).
@@ -171,6 +173,15 @@ impl Reading {
             }),
             reads_with_records: reads(ctx, shard, "records"),
             reads_empty: reads(ctx, shard, "empty"),
+            records: {
+                let records = ctx.telemetry.counter(
+                    "shardlane_records_read_total",
+                    "Records read from the shard and handed to dispatch (each KPL user record counts).",
+                    &[("subscription", sub), ("shard_id", shard.as_str())],
+                );
+                ctx.status.count_records(shard, records.clone());
+                records
+            },
         }
     }
 }
@@ -479,6 +490,7 @@ impl ShardReader {
         if records.is_empty() {
             return true;
         }
+        reading.records.add(records.len() as u64);
         let track = SettlementMsg::Track {
             shard: self.shard.clone(),
             session: self.session,

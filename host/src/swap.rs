@@ -208,10 +208,7 @@ impl PluginSlot {
         *published = now;
         self.status.set_versions(
             versions.stable.digest().to_string(),
-            versions
-                .canary
-                .as_ref()
-                .map(|c| format!("{} on {} of the keys", c.plugin.digest(), c.slice)),
+            versions.canary.as_ref().map(Canary::view),
         );
     }
 

@@ -22,7 +22,7 @@
 
 mod process;
 pub(crate) mod spans;
-mod status;
+pub(crate) mod status;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -36,7 +36,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::{MetricType, counter, gauge, histogram};
 use prometheus_client::registry::Registry;
 
-pub(crate) use status::SubscriptionStatus;
+pub(crate) use status::{CanaryView, SubscriptionStatus, VersionCounts};
 
 use crate::ids::SubscriptionName;
 

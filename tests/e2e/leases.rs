@@ -15,7 +15,7 @@ use shardlane::lease::{Checkpoint, LeaseStore};
 use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
 use tokio::task::JoinHandle;
 
-use crate::common::{field, guest_lines, seq_key, shardlane_bin, trickle};
+use crate::common::{admin_addr, field, guest_lines, http, seq_key, shardlane_bin, trickle};
 
 /// The data of a `handled data=<data> attempt=<n>` guest line.
 pub(crate) fn handled_data(line: &LogLine) -> &str {
@@ -420,6 +420,20 @@ async fn a_fleet_shares_shards_balances_and_hands_over_on_sigterm() {
     let handoff = sigterm_at.elapsed();
     assert!(!counts.contains_key("host-a"));
     eprintln!("SIGTERM hand-over: host-a's shards held by others {handoff:?} after SIGTERM");
+    // Each survivor took some of host-a's shards, and its status page
+    // lists those shards' owner changes, from host-a.
+    for (name, host) in [("host-b", &b), ("host-c", &c)] {
+        let (status, json) = http(&admin_addr(host), "GET", "/status.json", None, b"");
+        assert_eq!(status, 200, "{name}: {json}");
+        let snapshot: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let changes = snapshot["subscriptions"][0]["lease_changes"]
+            .as_array()
+            .unwrap();
+        assert!(
+            changes.iter().any(|c| c["from"] == "host-a"),
+            "{name} lists no lease change from host-a: {json}"
+        );
+    }
 
     stop.store(true, Ordering::SeqCst);
     let put = producer.await.unwrap();

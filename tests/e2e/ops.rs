@@ -362,21 +362,41 @@ async fn metrics_readiness_and_the_status_page() {
     // Live: the script polled /status.json, updated the page in place and
     // drew a lag chart per shard and a calls-per-second chart.
     assert!(dom.contains("id=\"updated\">updated 20"), "{dom}");
+    // 3 lag and 3 records/s charts, one per shard; calls/s; the stable
+    // version's records/s and share not acked; 2 lanes' calls/s.
     assert!(
-        dom.matches("<svg class=\"spark\"").count() >= 4,
-        "a lag chart per shard and a rate chart:\n{dom}"
+        dom.matches("<svg class=\"spark\"").count() >= 11,
+        "a lag and a records chart per shard, a calls chart, the version's two and a chart per lane:\n{dom}"
     );
     assert!(dom.contains("<polyline"), "{dom}");
+    assert!(
+        dom.contains("<tr class=\"version stable\" data-role=\"stable\">"),
+        "{dom}"
+    );
+    assert!(dom.contains("<td class=\"ack num\">60</td>"), "{dom}");
+    // Each shard's lease taken here, listed.
+    assert_eq!(
+        dom.matches("<tr class=\"lease-change\">").count(),
+        3,
+        "{dom}"
+    );
     let (status, json) = http(&addr, "GET", "/status.json", None, b"");
     assert_eq!(status, 200);
     let snapshot: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(snapshot["subscriptions"][0]["name"], "ops");
-    assert_eq!(
-        snapshot["subscriptions"][0]["shards"]
-            .as_array()
-            .unwrap()
-            .len(),
-        3
+    let sub = &snapshot["subscriptions"][0];
+    let shards = sub["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), 3);
+    let read: u64 = shards.iter().map(|s| s["records"].as_u64().unwrap()).sum();
+    assert_eq!(read, 60, "each record read once: {json}");
+    assert_eq!(sub["versions"][0]["ack"], 60, "{json}");
+    let changes = sub["lease_changes"].as_array().unwrap();
+    assert_eq!(changes.len(), 3, "{json}");
+    assert!(
+        changes
+            .iter()
+            .all(|c| c["from"].is_null() && c["to"] == shards[0]["owner"]),
+        "every lease taken here from nobody: {json}"
     );
     host.terminate().await.unwrap();
 }
@@ -512,6 +532,21 @@ async fn a_canary_keeps_its_keys_and_rolls_back_and_promotes_without_loss() {
         metrics.contains("shardlane_canary_records_total{subscription=\"canary\",version=\"candidate\",outcome=\"ack\"}")
             && metrics.contains("role=\"candidate\"} 1"),
         "{metrics}"
+    );
+    // The status page's versions: the stable one's and the candidate's
+    // outcomes since the canary began, side by side.
+    let (status, json) = http(&addr, "GET", "/status.json", None, b"");
+    assert_eq!(status, 200);
+    let snapshot: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let versions = snapshot["subscriptions"][0]["versions"].as_array().unwrap();
+    assert_eq!(versions.len(), 2, "{json}");
+    assert_eq!(versions[0]["role"], "stable", "{json}");
+    assert_eq!(versions[1]["role"], "candidate", "{json}");
+    assert_ne!(versions[0]["digest"], versions[1]["digest"], "{json}");
+    let acked = |v: &serde_json::Value| v["ack"].as_u64().unwrap();
+    assert!(
+        acked(&versions[0]) > 0 && acked(&versions[1]) > 0,
+        "both versions handled records: {json}"
     );
 
     // Rollback: a token is needed; then every key returns to v1.

@@ -1,14 +1,19 @@
 //! The status page and its JSON: the page is rendered whole on load (it
 //! reads without JavaScript), then polls `/status.json` every 2 s and
 //! updates itself in place, drawing small charts (inline SVG, no external
-//! script or CDN: everything is served by the host) of each shard's lag and
-//! each subscription's calls per second over the last 5 minutes since the
-//! page opened. A shard that appears or goes reloads the page.
+//! script or CDN: everything is served by the host) over the last 5 minutes
+//! since the page opened: per shard its lag and records read per second,
+//! per subscription its calls per second, per plugin version (the stable
+//! one and a canary's candidate) its records per second and the share not
+//! acked, per lane its calls per second. Rates come from the counters'
+//! differences between polls. The latest lease owner changes are listed.
+//! A shard or version that appears or goes reloads the page.
 
 use std::fmt::Write as _;
 
 use super::OpsState;
 use crate::ids::OwnerId;
+use crate::telemetry::status::{LeaseChange, VersionOutcomes};
 
 /// The page's script (see the module docs).
 const LIVE_JS: &str = include_str!("status.js");
@@ -28,8 +33,10 @@ struct SubscriptionSnapshot {
     mode: String,
     digest: String,
     canary: Option<String>,
+    versions: Vec<VersionOutcomes>,
     shards: Vec<ShardSnapshot>,
     lanes: Vec<LaneSnapshot>,
+    lease_changes: Vec<LeaseChangeSnapshot>,
 }
 
 #[derive(serde::Serialize)]
@@ -39,6 +46,27 @@ struct ShardSnapshot {
     checkpoint: Option<String>,
     behind_ms: Option<u64>,
     state: String,
+    /// Records read here so far (the page shows the rate).
+    records: u64,
+}
+
+#[derive(serde::Serialize)]
+struct LeaseChangeSnapshot {
+    at_ms: u64,
+    shard: String,
+    from: Option<String>,
+    to: Option<String>,
+}
+
+impl From<LeaseChange> for LeaseChangeSnapshot {
+    fn from(c: LeaseChange) -> Self {
+        Self {
+            at_ms: c.at_ms,
+            shard: c.shard.to_string(),
+            from: c.from.map(|o| o.as_str().to_owned()),
+            to: c.to.map(|o| o.as_str().to_owned()),
+        }
+    }
 }
 
 #[derive(serde::Serialize)]
@@ -61,6 +89,7 @@ pub(super) fn snapshot(state: &OpsState) -> Snapshot {
                 mode: status.mode().to_owned(),
                 digest: status.digest(),
                 canary: status.canary(),
+                versions: status.versions(),
                 shards: status
                     .shards()
                     .into_iter()
@@ -70,6 +99,7 @@ pub(super) fn snapshot(state: &OpsState) -> Snapshot {
                         checkpoint: s.checkpoint.as_ref().map(ToString::to_string),
                         behind_ms: s.behind_ms,
                         state: s.state.to_string(),
+                        records: s.records.get(),
                     })
                     .collect(),
                 lanes: status
@@ -77,9 +107,23 @@ pub(super) fn snapshot(state: &OpsState) -> Snapshot {
                     .into_iter()
                     .map(|(lane, calls)| LaneSnapshot { lane, calls })
                     .collect(),
+                lease_changes: status.lease_changes().into_iter().map(Into::into).collect(),
             })
             .collect(),
     }
+}
+
+/// A sequence number's first 6 and last 8 digits (the whole one is the
+/// cell's title): enough to see it move and tell shards apart.
+fn short(checkpoint: &str) -> String {
+    if checkpoint.len() <= 20 || !checkpoint.is_ascii() {
+        return checkpoint.to_owned();
+    }
+    format!(
+        "{}…{}",
+        &checkpoint[..6],
+        &checkpoint[checkpoint.len() - 8..]
+    )
 }
 
 fn escape(s: &str) -> String {
@@ -94,8 +138,9 @@ pub(super) fn page(state: &OpsState) -> String {
     let mut html = String::from(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>shardlane</title>\
          <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:.5em 0 1.5em}\
-         td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{background:#f3f3f3}\
-         svg.spark{vertical-align:middle}#updated{color:#777;font-size:.9em}</style>\
+         td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;white-space:nowrap}th{background:#f3f3f3}\
+         td.num{text-align:right}svg.spark{vertical-align:middle}#updated{color:#777;font-size:.9em}\
+         tr.candidate{background:#fff7e0}</style>\
          </head><body><h1>shardlane</h1>",
     );
     let _ = write!(
@@ -107,7 +152,7 @@ pub(super) fn page(state: &OpsState) -> String {
         let _ = write!(
             html,
             "<section class=\"subscription\" data-name=\"{n}\"><h2>{n}</h2><p>plugin <code class=\"digest\">{}</code> · mode {}</p>\
-             <p>calls per second <span class=\"rate\"></span></p>",
+             <p>calls per second <span class=\"calls-rate\"></span></p>",
             escape(&status.digest()),
             escape(status.mode()),
             n = escape(name.as_str())
@@ -119,30 +164,60 @@ pub(super) fn page(state: &OpsState) -> String {
                 escape(&canary)
             );
         }
-        html.push_str("<table class=\"shards\"><tr><th>shard</th><th>owner</th><th>checkpoint</th><th>behind (ms)</th><th>lag, last 5 min</th><th>state</th></tr>");
-        for (shard, s) in status.shards() {
+        html.push_str("<table class=\"versions\"><tr><th>version</th><th>digest</th><th>records/s</th><th>ack</th><th>retry</th><th>reject</th><th>failed</th><th>not acked, last 5 min</th></tr>");
+        for v in status.versions() {
+            let o = v.outcomes;
             let _ = write!(
                 html,
-                "<tr class=\"shard\" data-shard=\"{sh}\"><td>{sh}</td><td class=\"owner\">{}</td><td class=\"checkpoint\">{}</td><td class=\"behind\">{}</td><td class=\"lag\"></td><td class=\"state\">{}</td></tr>",
-                escape(s.owner.as_ref().map_or("", OwnerId::as_str)),
-                escape(
-                    &s.checkpoint
-                        .as_ref()
-                        .map_or(String::new(), ToString::to_string)
-                ),
-                s.behind_ms.map(|m| m.to_string()).unwrap_or_default(),
-                s.state,
-                sh = escape(shard.as_str())
+                "<tr class=\"version {role}\" data-role=\"{role}\"><td>{role}</td><td><code>{}</code></td><td class=\"rate num\"></td>\
+                 <td class=\"ack num\">{}</td><td class=\"retry num\">{}</td><td class=\"reject num\">{}</td><td class=\"failed num\">{}</td><td class=\"errors\"></td></tr>",
+                escape(&v.digest),
+                o.ack,
+                o.retry,
+                o.reject,
+                o.failed,
+                role = v.role,
             );
         }
-        html.push_str("</table><table class=\"lanes\"><tr><th>lane</th><th>calls</th></tr>");
+        html.push_str("</table><table class=\"shards\"><tr><th>shard</th><th>owner</th><th>checkpoint</th><th>behind (ms)</th><th>lag, last 5 min</th><th>records/s, last 5 min</th><th>state</th></tr>");
+        for (shard, s) in status.shards() {
+            let checkpoint = s
+                .checkpoint
+                .as_ref()
+                .map_or(String::new(), ToString::to_string);
+            let _ = write!(
+                html,
+                "<tr class=\"shard\" data-shard=\"{sh}\"><td>{sh}</td><td class=\"owner\">{}</td><td class=\"checkpoint\" title=\"{cp}\">{}</td><td class=\"behind num\">{}</td><td class=\"lag\"></td><td class=\"records\"></td><td class=\"state\">{}</td></tr>",
+                escape(s.owner.as_ref().map_or("", OwnerId::as_str)),
+                escape(&short(&checkpoint)),
+                s.behind_ms.map(|m| m.to_string()).unwrap_or_default(),
+                s.state,
+                sh = escape(shard.as_str()),
+                cp = escape(&checkpoint),
+            );
+        }
+        html.push_str("</table><table class=\"lanes\"><tr><th>lane</th><th>calls</th><th>calls/s, last 5 min</th></tr>");
         for (lane, calls) in status.lanes() {
             let _ = write!(
                 html,
-                "<tr class=\"lane\" data-lane=\"{lane}\"><td>{lane}</td><td class=\"calls\">{calls}</td></tr>"
+                "<tr class=\"lane\" data-lane=\"{lane}\"><td>{lane}</td><td class=\"calls num\">{calls}</td><td class=\"load\"></td></tr>"
             );
         }
-        html.push_str("</table></section>");
+        html.push_str("</table><h3>lease changes</h3><table class=\"leases\"><thead><tr><th>when</th><th>shard</th><th>from</th><th>to</th></tr></thead><tbody>");
+        for c in status.lease_changes() {
+            let c = LeaseChangeSnapshot::from(c);
+            let _ = write!(
+                html,
+                "<tr class=\"lease-change\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(c.at_ms)
+                ),
+                escape(&c.shard),
+                escape(c.from.as_deref().unwrap_or("—")),
+                escape(c.to.as_deref().unwrap_or("—")),
+            );
+        }
+        html.push_str("</tbody></table></section>");
     }
     let _ = write!(html, "<script>{LIVE_JS}</script></body></html>");
     html

@@ -18,7 +18,7 @@ use crate::dispatch::{CallError, Handled, Handler, Outcome};
 use crate::ids::{LaneId, PartitionKey, PluginDigest};
 use crate::plugin::{Instance, Plugin, PluginError};
 use crate::state::CallState;
-use crate::telemetry::{Counter, Telemetry};
+use crate::telemetry::{CanaryView, Counter, Telemetry, VersionCounts};
 
 /// Parts per million: the resolution of a [`KeySlice`].
 const SLICE_RESOLUTION: u64 = 1_000_000;
@@ -108,6 +108,16 @@ impl RoleCounters {
         }
     }
 
+    /// The same counters, as the status page reads them.
+    fn view(&self) -> VersionCounts {
+        VersionCounts {
+            ack: self.ack.clone(),
+            retry: self.retry.clone(),
+            reject: self.reject.clone(),
+            failed: vec![self.failed.clone()],
+        }
+    }
+
     fn count(&self, outcome: &Outcome) {
         match outcome {
             Outcome::Ack => self.ack.inc(),
@@ -154,6 +164,16 @@ impl Canary {
             slice,
             stable_counts: RoleCounters::new(telemetry, sub, Role::Stable),
             candidate_counts: RoleCounters::new(telemetry, sub, Role::Candidate),
+        }
+    }
+
+    /// What the status page shows of it.
+    pub(super) fn view(&self) -> CanaryView {
+        CanaryView {
+            describe: format!("{} on {} of the keys", self.plugin.digest(), self.slice),
+            digest: self.plugin.digest().to_string(),
+            stable: self.stable_counts.view(),
+            candidate: self.candidate_counts.view(),
         }
     }
 }

@@ -15,8 +15,15 @@
 //! released) are written once, here. Updates come on lease and read events,
 //! not per record, so small maps behind std mutexes (never held across an
 //! `.await`) do.
+//!
+//! For the page's rates it also holds counter handles the stages count
+//! with anyway: each shard's records read, each lane's calls, and the
+//! handler outcomes per plugin version ([`VersionCounts`]: the
+//! subscription's totals, or the stable and candidate versions' while a
+//! canary runs). Every change of a shard's lease owner this instance sees
+//! is kept in a short history ([`LeaseChange`]), the newest first.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,6 +77,88 @@ pub struct ShardStatus {
     pub state: ShardState,
     /// How far behind the tip the last read was, in ms.
     pub behind_ms: Option<u64>,
+    /// Records its readers here handed out (`shardlane_records_read_total`).
+    pub records: Counter,
+}
+
+/// How many lease owner changes the page lists.
+const LEASE_CHANGES_KEPT: usize = 20;
+
+/// A change of a shard's lease owner, as this instance saw it: taken
+/// here, released here, or seen moving at a sync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseChange {
+    /// When, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The shard.
+    pub shard: ShardId,
+    /// Who held it before (none: nobody, or released).
+    pub from: Option<OwnerId>,
+    /// Who holds it now.
+    pub to: Option<OwnerId>,
+}
+
+/// The outcome counters of one plugin version (or of all of them).
+#[derive(Debug, Clone, Default)]
+pub struct VersionCounts {
+    /// Records acked.
+    pub ack: Counter,
+    /// Record attempts the handler asked to retry.
+    pub retry: Counter,
+    /// Records rejected.
+    pub reject: Counter,
+    /// Failed calls (trap, timeout, guest error), summed.
+    pub failed: Vec<Counter>,
+}
+
+/// A version's outcomes so far, as the page reads them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Outcomes {
+    /// Records acked.
+    pub ack: u64,
+    /// Record attempts retried.
+    pub retry: u64,
+    /// Records rejected.
+    pub reject: u64,
+    /// Failed calls (a failed batch call counts its records while a
+    /// canary runs, once otherwise).
+    pub failed: u64,
+}
+
+impl VersionCounts {
+    fn read(&self) -> Outcomes {
+        Outcomes {
+            ack: self.ack.get(),
+            retry: self.retry.get(),
+            reject: self.reject.get(),
+            failed: self.failed.iter().map(Counter::get).sum(),
+        }
+    }
+}
+
+/// A running canary, as the page shows it.
+#[derive(Debug, Clone)]
+pub struct CanaryView {
+    /// Its digest and share of the keys, in words.
+    pub describe: String,
+    /// The candidate's digest.
+    pub digest: String,
+    /// The stable version's outcomes while the canary runs.
+    pub stable: VersionCounts,
+    /// The candidate's.
+    pub candidate: VersionCounts,
+}
+
+/// One version's row on the page.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct VersionOutcomes {
+    /// `stable` or `candidate`.
+    pub role: &'static str,
+    /// Its digest.
+    pub digest: String,
+    /// Its outcomes so far (since the canary began, while one runs).
+    #[serde(flatten)]
+    pub outcomes: Outcomes,
 }
 
 /// What the keeper's syncs say about the shards nobody reads.
@@ -131,9 +220,11 @@ impl Coverage {
 pub struct SubscriptionStatus {
     mode: String,
     digest: Mutex<String>,
-    canary: Mutex<Option<String>>,
+    canary: Mutex<Option<CanaryView>>,
+    outcomes: Mutex<VersionCounts>,
     shards: Mutex<BTreeMap<ShardId, ShardStatus>>,
     lanes: Mutex<BTreeMap<u32, Counter>>,
+    lease_changes: Mutex<VecDeque<LeaseChange>>,
     synced: AtomicBool,
     coverage: Mutex<Coverage>,
 }
@@ -148,9 +239,26 @@ impl SubscriptionStatus {
         }
     }
 
+    /// Applies `update` to `shard`'s status, noting a change of owner
+    /// (a shard first seen counts only when it is taken here).
     fn update(&self, shard: &ShardId, update: impl FnOnce(&mut ShardStatus)) {
         let mut shards = self.shards.lock().unwrap_or_else(|e| e.into_inner());
-        update(shards.entry(shard.clone()).or_default());
+        let known = shards.contains_key(shard);
+        let status = shards.entry(shard.clone()).or_default();
+        let before = status.owner.clone();
+        update(status);
+        if status.owner != before && (known || status.state == ShardState::Opening) {
+            let change = LeaseChange {
+                at_ms: crate::failure::now_ms(),
+                shard: shard.clone(),
+                from: before,
+                to: status.owner.clone(),
+            };
+            drop(shards);
+            let mut changes = self.lease_changes.lock().unwrap_or_else(|e| e.into_inner());
+            changes.push_front(change);
+            changes.truncate(LEASE_CHANGES_KEPT);
+        }
     }
 
     // Facts from the lease keeper.
@@ -247,6 +355,12 @@ impl SubscriptionStatus {
         self.update(shard, |s| s.behind_ms = Some(behind_ms));
     }
 
+    /// The counter the shard's reader counts the records it hands out
+    /// with, shown on the page as records per second.
+    pub fn count_records(&self, shard: &ShardId, records: Counter) {
+        self.update(shard, |s| s.records = records);
+    }
+
     // Facts from dispatch and the plugin slot.
 
     /// The call counter of a lane, shown on the page.
@@ -257,9 +371,15 @@ impl SubscriptionStatus {
             .insert(lane, calls);
     }
 
-    /// The versions running: the stable digest, and a canary's candidate
-    /// and share of the keys.
-    pub fn set_versions(&self, digest: String, canary: Option<String>) {
+    /// The subscription's outcome counters (every version's), which the
+    /// page shows for the stable version while no canary runs.
+    pub fn set_outcomes(&self, counts: VersionCounts) {
+        *self.outcomes.lock().unwrap_or_else(|e| e.into_inner()) = counts;
+    }
+
+    /// The versions running: the stable digest, and a canary's candidate,
+    /// share of the keys and outcome counters.
+    pub fn set_versions(&self, digest: String, canary: Option<CanaryView>) {
         *self.digest.lock().unwrap_or_else(|e| e.into_inner()) = digest;
         *self.canary.lock().unwrap_or_else(|e| e.into_inner()) = canary;
     }
@@ -279,12 +399,54 @@ impl SubscriptionStatus {
             .clone()
     }
 
-    /// The canary, while one runs.
+    /// The canary, in words, while one runs.
     pub fn canary(&self) -> Option<String> {
         self.canary
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .as_ref()
+            .map(|c| c.describe.clone())
+    }
+
+    /// Each running version's outcomes: the stable version's and the
+    /// candidate's while a canary runs, else every record's under the
+    /// stable digest.
+    pub fn versions(&self) -> Vec<VersionOutcomes> {
+        let digest = self.digest();
+        let canary = self.canary.lock().unwrap_or_else(|e| e.into_inner());
+        match canary.as_ref() {
+            Some(c) => vec![
+                VersionOutcomes {
+                    role: "stable",
+                    digest,
+                    outcomes: c.stable.read(),
+                },
+                VersionOutcomes {
+                    role: "candidate",
+                    digest: c.digest.clone(),
+                    outcomes: c.candidate.read(),
+                },
+            ],
+            None => vec![VersionOutcomes {
+                role: "stable",
+                digest,
+                outcomes: self
+                    .outcomes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .read(),
+            }],
+        }
+    }
+
+    /// The latest lease owner changes seen, the newest first.
+    pub fn lease_changes(&self) -> Vec<LeaseChange> {
+        self.lease_changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Every shard seen, by id.
@@ -374,6 +536,75 @@ mod tests {
         assert!(!s.ready(), "a reader still opening");
         s.reader_positioned(&shard);
         assert!(s.ready());
+    }
+
+    #[test]
+    fn owner_changes_are_kept_newest_first_and_first_sightings_elsewhere_are_not() {
+        let s = SubscriptionStatus::new("sequential".into());
+        let (me, them) = (OwnerId::from("me"), OwnerId::from("them"));
+        let (a, b) = (ShardId::from("shard-a"), ShardId::from("shard-b"));
+        s.held_elsewhere(&a, Some(&them), None);
+        assert!(
+            s.lease_changes().is_empty(),
+            "a first sighting is no change"
+        );
+        s.lease_taken(&b, &me, None);
+        s.held_elsewhere(&a, Some(&me), None);
+        s.lease_taken(&a, &me, None);
+        s.released(&b);
+        let seen: Vec<_> = s
+            .lease_changes()
+            .into_iter()
+            .map(|c| (c.shard, c.from, c.to))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (b.clone(), Some(me.clone()), None),
+                (a.clone(), Some(them), Some(me.clone())),
+                (b.clone(), None, Some(me.clone())),
+            ]
+        );
+        for _ in 0..LEASE_CHANGES_KEPT {
+            s.released(&b);
+            s.lease_taken(&b, &me, None);
+        }
+        assert_eq!(s.lease_changes().len(), LEASE_CHANGES_KEPT);
+    }
+
+    #[test]
+    fn versions_show_every_record_without_a_canary_and_each_side_with_one() {
+        let s = SubscriptionStatus::new("sequential".into());
+        let mut all = VersionCounts::default();
+        all.ack.add(5);
+        all.failed = vec![Counter::default(), Counter::default()];
+        all.failed[1].add(2);
+        s.set_outcomes(all);
+        s.set_versions("sha256:a".into(), None);
+        let v = s.versions();
+        assert_eq!(v.len(), 1);
+        assert_eq!(
+            (v[0].role, v[0].outcomes.ack, v[0].outcomes.failed),
+            ("stable", 5, 2)
+        );
+        let candidate = VersionCounts::default();
+        candidate.reject.add(3);
+        s.set_versions(
+            "sha256:a".into(),
+            Some(CanaryView {
+                describe: "sha256:b on 0.1 of the keys".into(),
+                digest: "sha256:b".into(),
+                stable: VersionCounts::default(),
+                candidate,
+            }),
+        );
+        let v = s.versions();
+        assert_eq!(v[0].outcomes, Outcomes::default());
+        assert_eq!(
+            (v[1].role, v[1].digest.as_str(), v[1].outcomes.reject),
+            ("candidate", "sha256:b", 3)
+        );
+        assert_eq!(s.canary().as_deref(), Some("sha256:b on 0.1 of the keys"));
     }
 
     #[test]

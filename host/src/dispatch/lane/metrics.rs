@@ -3,6 +3,7 @@
 
 use crate::telemetry::{
     BATCH_BUCKETS, Counter, DURATION_BUCKETS, Histogram, SubscriptionStatus, Telemetry,
+    VersionCounts,
 };
 
 /// A lane's metric handles, registered once.
@@ -46,10 +47,21 @@ impl LaneMetrics {
             &[("subscription", sub), ("lane", &lane_label)],
         );
         status.add_lane(lane, calls.clone());
+        let (acked, rejected, retried) = (outcome("ack"), outcome("reject"), outcome("retry"));
+        let (traps, timeouts, guest_errors) =
+            (failure("trap"), failure("timeout"), failure("guest_error"));
+        // Every lane's are the same series: the page's outcomes of the
+        // stable version while no canary runs.
+        status.set_outcomes(VersionCounts {
+            ack: acked.clone(),
+            retry: retried.clone(),
+            reject: rejected.clone(),
+            failed: vec![traps.clone(), timeouts.clone(), guest_errors.clone()],
+        });
         Self {
-            acked: outcome("ack"),
-            rejected: outcome("reject"),
-            retried: outcome("retry"),
+            acked,
+            rejected,
+            retried,
             dead_lettered: t.counter(
                 "shardlane_dead_lettered_total",
                 "Records put to the dead-letter stream.",
@@ -65,9 +77,9 @@ impl LaneMetrics {
                 "Attempts of records past their attempts or age that on_failure = block keeps retrying.",
                 &[("subscription", sub)],
             ),
-            traps: failure("trap"),
-            timeouts: failure("timeout"),
-            guest_errors: failure("guest_error"),
+            traps,
+            timeouts,
+            guest_errors,
             recycles: t.counter(
                 "shardlane_instance_recycles_total",
                 "Instances dropped after a trap or timeout and made afresh.",
