@@ -92,6 +92,29 @@ pub struct Config {
     pub max_core_instances: u32,
     /// Where handler-call spans go over OTLP (`[traces]`); `None`: nowhere.
     pub traces: Option<TracesConfig>,
+    /// Metrics as CloudWatch EMF (`[metrics] emf`); `None`: not written.
+    pub emf: Option<EmfConfig>,
+}
+
+/// Where EMF documents go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EmfTarget {
+    /// Standard output, between the log lines.
+    Stdout,
+    /// Appended to this file.
+    File(PathBuf),
+}
+
+/// The `[metrics] emf*` settings: metrics written as CloudWatch embedded
+/// metric format documents ([`crate::telemetry`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmfConfig {
+    /// Where the documents go (`emf`).
+    pub to: EmfTarget,
+    /// How often (`emf_every`).
+    pub every: Duration,
+    /// The CloudWatch namespace (`emf_namespace`).
+    pub namespace: String,
 }
 
 /// The `[traces]` table: exporting the spans of handler calls and reads

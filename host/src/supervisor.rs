@@ -266,6 +266,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         )));
     }
 
+    let emf = config.emf.clone().map(|emf| {
+        tracing::info!(to = ?emf.to, every = ?emf.every, namespace = %emf.namespace, "writing metrics as CloudWatch EMF");
+        tokio::spawn(crate::telemetry::emf::run(
+            telemetry.clone(),
+            emf,
+            ops_stop.clone(),
+        ))
+    });
+
     shutdown.await;
     tracing::info!("shutting down: stopping readers, draining in-flight records");
     let mut stopping = JoinSet::new();
@@ -279,6 +288,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     ops_stop.cancel();
     for server in servers {
         let _ = server.await;
+    }
+    if let Some(emf) = emf {
+        // Its last documents carry what the drain counted.
+        let _ = emf.await;
     }
     tracing::info!("shardlane stopped");
     anyhow::ensure!(!failed, "a pipeline task failed during the run");

@@ -20,6 +20,7 @@
 //! Names follow Prometheus conventions: `shardlane_` prefix, `_total` for
 //! counters, `_seconds` for durations.
 
+pub(crate) mod emf;
 mod process;
 pub(crate) mod spans;
 pub(crate) mod status;

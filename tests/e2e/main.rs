@@ -14,6 +14,7 @@ mod common;
 mod config;
 mod conformance;
 mod container;
+mod emf;
 mod examples;
 mod failures;
 mod fan_out;

@@ -73,6 +73,9 @@ pub const MAX_MEMORY: usize = 128 << 20;
 /// allowed. Enough for a line per record at a thousand records a second
 /// per lane; a guest logging in a loop is cut off.
 pub const LOG_RATE: u32 = 1_000;
+/// How often metrics are written as CloudWatch EMF (`[metrics] emf_every`):
+/// CloudWatch's standard resolution.
+pub const EMF_EVERY: Duration = Duration::from_secs(60);
 /// Where the operations server listens: loopback only.
 pub const ADMIN_LISTEN: &str = "127.0.0.1:9090";
 /// Where the file lease store keeps its database.

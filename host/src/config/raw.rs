@@ -60,6 +60,9 @@ pub(super) struct RawTraces {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawMetrics {
     pub(super) listen: Option<String>,
+    pub(super) emf: Option<String>,
+    pub(super) emf_every: Option<String>,
+    pub(super) emf_namespace: Option<String>,
 }
 
 #[derive(Deserialize, Default)]

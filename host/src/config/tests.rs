@@ -216,6 +216,42 @@ fn metrics_listen_apart_from_admin() {
 }
 
 #[test]
+fn emf_output_takes_defaults_and_names_bad_keys() {
+    assert_eq!(parse(MINIMAL).unwrap().emf, None, "off by default");
+    let with = |text: &str| parse(&format!("[metrics]\n{text}\n{MINIMAL}"));
+    assert_eq!(
+        with("emf = \"stdout\"").unwrap().emf,
+        Some(EmfConfig {
+            to: EmfTarget::Stdout,
+            every: defaults::EMF_EVERY,
+            namespace: "shardlane".into(),
+        })
+    );
+    let emf = with("emf = \"/var/log/shardlane/emf.log\"\nemf_every = \"10s\"\nemf_namespace = \"Orders/Audit\"")
+        .unwrap()
+        .emf
+        .unwrap();
+    assert_eq!(emf.to, EmfTarget::File("/var/log/shardlane/emf.log".into()));
+    assert_eq!(emf.every, std::time::Duration::from_secs(10));
+    assert_eq!(emf.namespace, "Orders/Audit");
+    for (text, key) in [
+        ("emf_every = \"10s\"", "metrics.emf_every"),
+        (
+            "emf = \"stdout\"\nemf_every = \"soon\"",
+            "metrics.emf_every",
+        ),
+        (
+            "emf = \"stdout\"\nemf_namespace = \"a:b\"",
+            "metrics.emf_namespace",
+        ),
+        ("emf = \" \"", "metrics.emf"),
+    ] {
+        let err = with(text).unwrap_err();
+        assert!(err.contains(key) && !err.contains('\n'), "{text}: {err}");
+    }
+}
+
+#[test]
 fn engine_pool_size() {
     assert_eq!(
         parse(MINIMAL).unwrap().max_core_instances,

@@ -18,9 +18,9 @@ use super::raw::{
     RawAdmin, RawAws, RawConfig, RawEngine, RawLease, RawMetrics, RawSubscription, RawTraces,
 };
 use super::{
-    AdminConfig, AssumeRole, AwsConfig, AwsTimeouts, Config, ConfigError, LeaseBackend,
-    LeaseConfig, LeaseStoreKind, OnFailure, SubscriptionConfig, TracesConfig, default_cache_dir,
-    defaults, parse_size,
+    AdminConfig, AssumeRole, AwsConfig, AwsTimeouts, Config, ConfigError, EmfConfig, EmfTarget,
+    LeaseBackend, LeaseConfig, LeaseStoreKind, OnFailure, SubscriptionConfig, TracesConfig,
+    default_cache_dir, defaults, parse_size,
 };
 
 mod subscription;
@@ -48,6 +48,7 @@ impl Validator<'_> {
     pub(super) fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
         let lease = self.lease(&raw.lease)?;
         let subscriptions = self.subscriptions(raw.subscriptions)?;
+        let emf = self.emf(&raw.metrics)?;
         let admin = self.admin(raw.admin, raw.metrics)?;
         let (compile_cache, max_core_instances) = self.engine(&raw.engine)?;
         let aws = self.aws(raw.aws)?;
@@ -55,6 +56,7 @@ impl Validator<'_> {
         self.state_fits(&lease, &subscriptions)?;
         let traces = self.traces(&raw.traces)?;
         Ok(Config {
+            emf,
             traces,
             compile_cache,
             max_core_instances,
@@ -331,6 +333,54 @@ impl Validator<'_> {
             metrics_listen,
             token,
         })
+    }
+
+    /// `[metrics] emf` (`"stdout"` or a file path), `emf_every` (60 s) and
+    /// `emf_namespace` (`shardlane`).
+    fn emf(&self, raw: &RawMetrics) -> Result<Option<EmfConfig>, ConfigError> {
+        let Some(to) = raw.emf.as_deref() else {
+            for (key, set) in [
+                ("metrics.emf_every", raw.emf_every.is_some()),
+                ("metrics.emf_namespace", raw.emf_namespace.is_some()),
+            ] {
+                if set {
+                    return Err(self.invalid(key, "needs metrics.emf (\"stdout\" or a file path)"));
+                }
+            }
+            return Ok(None);
+        };
+        let to = match to.trim() {
+            "" => {
+                return Err(
+                    self.invalid("metrics.emf", "is empty: write \"stdout\" or a file path")
+                );
+            }
+            "stdout" => EmfTarget::Stdout,
+            path => EmfTarget::File(PathBuf::from(path)),
+        };
+        let every = self.duration(
+            "metrics.emf_every",
+            raw.emf_every.as_deref(),
+            defaults::EMF_EVERY,
+        )?;
+        let namespace = raw
+            .emf_namespace
+            .clone()
+            .unwrap_or_else(|| "shardlane".to_owned());
+        // CloudWatch: 1 to 255 characters, none of them a colon.
+        if namespace.is_empty() || namespace.len() > 255 || namespace.contains(':') {
+            return Err(self.invalid(
+                "metrics.emf_namespace",
+                format!(
+                    "{namespace:?} is not a CloudWatch namespace (1 to 255 characters, no ':')"
+                ),
+            ));
+        }
+        Ok(Some(EmfConfig {
+            to,
+            every,
+            namespace,
+        }))
     }
 
     /// `[traces]`: an OTLP/HTTP endpoint (the collector's base URL, e.g.
