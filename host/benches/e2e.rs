@@ -10,7 +10,11 @@
 //! printed), `SHARDLANE_BENCH_EXTRA` (lines added to every subscription,
 //! for experiments), `SHARDLANE_BENCH_COMPARE_RUST_LOG` (each mode is
 //! also measured with the host's `RUST_LOG` set to this, in the same run:
-//! a before/after of the log filter without a second pre-put). Prints a table; BENCHMARKS.md records it.
+//! a before/after of the log filter without a second pre-put),
+//! `SHARDLANE_BENCH_PERF` (a folder: each measured host run is recorded by
+//! `perf record -g` into `<folder>/<mode>.data`; build with frame pointers
+//! for whole stacks, see BENCHMARKS.md). Prints a table; BENCHMARKS.md
+//! records it.
 //!
 //! # What it does
 //! 1. Starts `kinesis-local` (the test harness's), builds the no-op guests,
@@ -593,6 +597,10 @@ start = "trim_horizon"
         let (mut host, admin) = self.start(mode, stream)?;
         // For `perf report --pid` over a system-wide recording.
         println!("    host pid {}", host.pid());
+        let perf = match std::env::var_os("SHARDLANE_BENCH_PERF") {
+            None => None,
+            Some(dir) => Some(Perf::record(host.pid(), &Path::new(&dir).join(format!("{}.data", mode.name.replace([' ', ',', '='], "-"))))?),
+        };
         let deadline = started + Duration::from_secs(600);
         let page = loop {
             host.check_running()?;
@@ -614,6 +622,9 @@ start = "trim_horizon"
         let cpu = process_cpu(host.pid())?;
         let wall = started.elapsed();
         let rss_kb = process_rss_kb(host.pid());
+        if let Some(perf) = perf {
+            perf.stop()?;
+        }
         host.terminate().await?;
         let per_put = mode.outputs.then(|| {
             metric_sum(&page, "shardlane_output_put_size_sum", &[])
@@ -705,4 +716,40 @@ fn process_rss_kb(pid: u32) -> Option<u64> {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
+}
+
+/// `perf record -g` attached to one host run (`SHARDLANE_BENCH_PERF`).
+struct Perf {
+    child: std::process::Child,
+    out: PathBuf,
+}
+
+impl Perf {
+    fn record(pid: u32, out: &Path) -> anyhow::Result<Self> {
+        if let Some(dir) = out.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let child = std::process::Command::new("perf")
+            .args(["record", "-g", "-F", "4999", "-q", "-p", &pid.to_string(), "-o"])
+            .arg(out)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("SHARDLANE_BENCH_PERF: cannot run perf (Debian's linux-perf)")?;
+        // perf attaches within a moment; records read before that are
+        // not in the profile.
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(Self {
+            child,
+            out: out.to_owned(),
+        })
+    }
+
+    fn stop(mut self) -> anyhow::Result<()> {
+        // SIGINT: perf writes its file and exits.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait()?;
+        anyhow::ensure!(status.success(), "perf record failed: {status}");
+        println!("    profile: {}", self.out.display());
+        Ok(())
+    }
 }
