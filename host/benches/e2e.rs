@@ -11,6 +11,9 @@
 //! for experiments), `SHARDLANE_BENCH_COMPARE_RUST_LOG` (each mode is
 //! also measured with the host's `RUST_LOG` set to this, in the same run:
 //! a before/after of the log filter without a second pre-put),
+//! `SHARDLANE_BENCH_BASELINE` (another `shardlane` binary, e.g. a copy
+//! built from the commit before a change: each mode is also measured with
+//! it, in the same run, labelled `baseline`: before/after in one sitting),
 //! `SHARDLANE_BENCH_PERF` (a folder: each measured host run is recorded by
 //! `perf record -g` into `<folder>/<mode>.data`; build with frame pointers
 //! for whole stacks, see BENCHMARKS.md). Prints a table; BENCHMARKS.md
@@ -227,16 +230,42 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
         cache: cache.path().to_owned(),
         extra: std::env::var("SHARDLANE_BENCH_EXTRA").unwrap_or_default(),
         rust_log: std::env::var("RUST_LOG").ok(),
+        label: "",
     };
-    let compare = std::env::var("SHARDLANE_BENCH_COMPARE_RUST_LOG")
-        .ok()
-        .map(|filter| HostRun {
-            rust_log: Some(filter),
-            ..host.clone()
-        });
+    // Each mode runs once per entry, labelled (the plain run last).
+    let baseline_bin = std::env::var_os("SHARDLANE_BENCH_BASELINE").map(PathBuf::from);
+    let mut runs: Vec<(Option<String>, HostRun)> = Vec::new();
+    if let Some(bin) = &baseline_bin {
+        anyhow::ensure!(
+            bin.is_file(),
+            "SHARDLANE_BENCH_BASELINE: {} is not a file",
+            bin.display()
+        );
+        runs.push((
+            Some("baseline".into()),
+            HostRun {
+                bin,
+                label: "-baseline",
+                ..host.clone()
+            },
+        ));
+    }
+    if let Ok(filter) = std::env::var("SHARDLANE_BENCH_COMPARE_RUST_LOG") {
+        runs.push((
+            Some(format!("RUST_LOG={filter}")),
+            HostRun {
+                rust_log: Some(filter),
+                label: "-rust-log",
+                ..host.clone()
+            },
+        ));
+    }
+    runs.push((None, host.clone()));
     // Compiles each plugin into the cache, so start-ups compare alike.
     for mode in &modes {
-        host.startup(mode).await?;
+        for (_, run) in &runs {
+            run.startup(mode).await?;
+        }
     }
 
     println!("(a) bare SDK loop …");
@@ -256,10 +285,10 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
         } else {
             records
         };
-        for run in compare.iter().chain([&host]) {
-            let name = match &run.rust_log {
-                Some(filter) if compare.is_some() => format!("{}, RUST_LOG={filter}", mode.name),
-                _ => mode.name.to_owned(),
+        for (label, run) in &runs {
+            let name = match label {
+                Some(label) => format!("{}, {label}", mode.name),
+                None => mode.name.to_owned(),
             };
             println!("(b) host, {name} …");
             let measured = run.measure(mode, n).await?;
@@ -273,8 +302,15 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
         }
     }
 
-    println!("(c) idle, {SHARDS} shards, {idle_secs} s …");
-    let (idle, quiet) = host.idle(&modes[0], Duration::from_secs(idle_secs)).await?;
+    let mut idles = Vec::new();
+    for (label, run) in &runs {
+        println!(
+            "(c) idle, {SHARDS} shards, {idle_secs} s{} …",
+            label.as_ref().map_or(String::new(), |l| format!(", {l}"))
+        );
+        let (idle, quiet) = run.idle(&modes[0], Duration::from_secs(idle_secs)).await?;
+        idles.push((label, idle, quiet));
+    }
     if !host.extra.is_empty() {
         println!(
             "every subscription also had: {}",
@@ -312,17 +348,20 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
                 .map_or("–".to_owned(), |n| format!("{n:.1}")),
         );
     }
-    println!(
-        "(c) idle: {:.4} CPU-s per second for {SHARDS} shards = {:.3} % of a core; {:.5} CPU-s per shard per second",
-        idle,
-        idle * 100.0,
-        idle / f64::from(SHARDS)
-    );
-    println!(
-        "    after 40 s without records (every shard slowed to poll_idle_max): {:.4} CPU-s per second = {:.3} % of a core",
-        quiet,
-        quiet * 100.0,
-    );
+    for (label, idle, quiet) in idles {
+        println!(
+            "(c) idle{}: {:.4} CPU-s per second for {SHARDS} shards = {:.3} % of a core; {:.5} CPU-s per shard per second",
+            label.as_ref().map_or(String::new(), |l| format!(", {l}")),
+            idle,
+            idle * 100.0,
+            idle / f64::from(SHARDS)
+        );
+        println!(
+            "    after 40 s without records (every shard slowed to poll_idle_max): {:.4} CPU-s per second = {:.3} % of a core",
+            quiet,
+            quiet * 100.0,
+        );
+    }
     let defaults = &shardlane::config::defaults::POLL_IDLE;
     println!(
         "    one empty GetRecords costs the bare SDK {:.0} µs of CPU: {SHARDS} shards polled every {:?} (the default poll_idle) would cost it {:.3} % of a core, every {:?} (poll_idle_max) {:.3} %",
@@ -519,6 +558,8 @@ struct HostRun<'a> {
     extra: String,
     /// The host's `RUST_LOG`; `None`: its own default filter.
     rust_log: Option<String>,
+    /// Names its profiles apart from the other runs'.
+    label: &'static str,
 }
 
 impl HostRun<'_> {
@@ -599,7 +640,14 @@ start = "trim_horizon"
         println!("    host pid {}", host.pid());
         let perf = match std::env::var_os("SHARDLANE_BENCH_PERF") {
             None => None,
-            Some(dir) => Some(Perf::record(host.pid(), &Path::new(&dir).join(format!("{}.data", mode.name.replace([' ', ',', '='], "-"))))?),
+            Some(dir) => {
+                let name = format!(
+                    "{}{}.data",
+                    mode.name.replace([' ', ',', '='], "-"),
+                    self.label
+                );
+                Some(Perf::record(host.pid(), &Path::new(&dir).join(name))?)
+            }
         };
         let deadline = started + Duration::from_secs(600);
         let page = loop {
@@ -730,7 +778,16 @@ impl Perf {
             std::fs::create_dir_all(dir)?;
         }
         let child = std::process::Command::new("perf")
-            .args(["record", "-g", "-F", "4999", "-q", "-p", &pid.to_string(), "-o"])
+            .args([
+                "record",
+                "-g",
+                "-F",
+                "4999",
+                "-q",
+                "-p",
+                &pid.to_string(),
+                "-o",
+            ])
             .arg(out)
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -748,7 +805,12 @@ impl Perf {
         // SIGINT: perf writes its file and exits.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let status = self.child.wait()?;
-        anyhow::ensure!(status.success(), "perf record failed: {status}");
+        // perf writes its file, then ends by the signal it caught.
+        use std::os::unix::process::ExitStatusExt as _;
+        anyhow::ensure!(
+            status.success() || status.signal() == Some(libc::SIGINT),
+            "perf record failed: {status}"
+        );
         println!("    profile: {}", self.out.display());
         Ok(())
     }

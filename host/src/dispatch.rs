@@ -69,7 +69,7 @@ use std::sync::Arc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::channel::{Delivery, DeliveryReceiver};
+use crate::channel::{DeliveryReceiver, DeliverySender};
 use crate::config::{DispatchMode, SubscriptionConfig};
 use crate::failure::Policy;
 use crate::ids::LaneId;
@@ -159,7 +159,7 @@ impl<F: HandlerFactory> Dispatcher<F> {
             DispatchMode::ByKey(n) => {
                 let mut inboxes = Vec::with_capacity(n);
                 for id in 0..n {
-                    let (tx, rx) = async_channel::bounded(LANE_INBOX);
+                    let (tx, rx) = crate::channel::bounded(LANE_INBOX);
                     inboxes.push(tx);
                     lanes.spawn(self.lane(id).run(rx, hard_stop.clone()));
                 }
@@ -179,7 +179,7 @@ impl<F: HandlerFactory> Dispatcher<F> {
 /// channel is closed and drained, or `hard_stop`.
 async fn route_by_key(
     deliveries: &DeliveryReceiver,
-    inboxes: &[async_channel::Sender<Delivery>],
+    inboxes: &[DeliverySender],
     hard_stop: &CancellationToken,
 ) {
     loop {

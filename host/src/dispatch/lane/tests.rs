@@ -270,7 +270,7 @@ async fn run_lane(
         publish_tx,
         LaneMetrics::new(&telemetry, &status, "s", 0),
     );
-    let (inbox_tx, inbox) = async_channel::bounded(64);
+    let (inbox_tx, inbox) = crate::channel::bounded(64);
     for r in records {
         inbox_tx.send(r).await.unwrap();
     }
