@@ -61,6 +61,11 @@ impl PluginHost {
         let mut config = Config::new();
         config
             .wasm_component_model(true)
+            // No plugin API uses the component model's async (WASI 0.3,
+            // `run_concurrent`): without it a call runs on its fiber
+            // directly, not through the concurrent task machinery, which
+            // cost about a third of each `handle` call (BENCHMARKS.md).
+            .concurrency_support(false)
             .epoch_interruption(true)
             .consume_fuel(fuel)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
