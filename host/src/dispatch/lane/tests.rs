@@ -231,6 +231,8 @@ struct Run {
     /// Offsets handed to the output stage, with their outputs' data.
     published: Vec<(u64, Vec<String>)>,
     metrics: String,
+    /// Settlement messages the lane sent.
+    messages: usize,
 }
 
 impl Run {
@@ -288,7 +290,9 @@ async fn run_lane(
         stopper.abort();
     }
     let mut settled = Vec::new();
+    let mut messages = 0;
     while let Ok(msg) = settle_rx.try_recv() {
+        messages += 1;
         match msg {
             SettlementMsg::Settle(t) => settled.push(t.offset),
             SettlementMsg::SettleMany(ts) => settled.extend(ts.iter().map(|t| t.offset)),
@@ -308,6 +312,7 @@ async fn run_lane(
         settled,
         published,
         metrics: telemetry.render(),
+        messages,
     }
 }
 
@@ -320,6 +325,22 @@ fn calls(records: &[(u64, u32)], instance: usize) -> Call {
 
 fn retry() -> Step {
     Step::One(Ok(Outcome::Retry("later".into())))
+}
+
+/// Catches: an ack lost or held back when the lane ends, or acks sent one
+/// message each while records keep coming (see "Acks in bulk").
+#[tokio::test(start_paused = true)]
+async fn lone_acks_reach_settlement_in_bulk_and_all_of_them() {
+    // The inbox holds 64: all of them are in before the lane starts.
+    let records: Vec<Delivery> = (0..60).map(|n| record(n, 0)).collect();
+    let run = run_lane(subscription(""), None, Script::new([]), records, None).await;
+    let mut settled = run.settled.clone();
+    settled.sort_unstable();
+    assert_eq!(settled, (0..60).collect::<Vec<_>>());
+    assert_eq!(
+        run.messages, 2,
+        "32, then the 28 left when the inbox ran dry"
+    );
 }
 
 /// Catches: a retried record overtaken by the next one (per-key order), or
