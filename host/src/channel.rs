@@ -106,6 +106,12 @@ impl DeliverySender {
     /// waiting, it has sent nothing.
     pub async fn send(&self, mut delivery: Delivery) -> Result<(), SendError<Delivery>> {
         loop {
+            // Most sends find room: no waiter registered for them.
+            delivery = match self.tx.try_send(delivery) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Closed(d)) => return Err(SendError(d)),
+                Err(TrySendError::Full(d)) => d,
+            };
             let notified = self.room.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
