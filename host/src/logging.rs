@@ -186,7 +186,7 @@ impl Drop for LogGuard {
 /// When the span exporter cannot be built.
 pub fn init(format: LogFormat, traces: Option<&TracesConfig>) -> anyhow::Result<LogGuard> {
     // Spans are off in the log by default in both formats: formatting a
-    // span's fields costs ~2.5 µs a record, a third of the host's whole
+    // span's fields costs ~2.5 µs a record, adding half to the host's
     // cost per record end to end (BENCHMARKS.md); `RUST_LOG` turns them on.
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
