@@ -8,6 +8,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use shardlane_testkit::admin::metric_sum;
 use shardlane_testkit::proxy::{FaultProxy, Faults, Injection};
 use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
 
@@ -41,15 +42,6 @@ async fn wait_ready(addr: &str, status: u16, within: Duration) {
         // Polling the readiness endpoint.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// The sum of a metric's series whose labels contain `labels`.
-fn metric_sum(metrics: &str, name: &str, labels: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name) && l.contains(labels))
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum()
 }
 
 async fn put(kinesis: &Kinesis, stream: &str, prefix: &str, n: usize) -> Vec<String> {
@@ -179,7 +171,7 @@ async fn a_lone_instance_takes_back_every_lease_an_outage_made_it_lose() {
         metric_sum(
             &metrics,
             "shardlane_shards_unread",
-            "subscription=\"fleet\""
+            &["subscription=\"fleet\""]
         ),
         0.0,
         "{metrics}"
@@ -268,11 +260,15 @@ shard_sync_every = "1s""#)
     rig.put_and_wait("after", 40, "records put after throttling")
         .await;
     let (_, metrics) = get(&admin, "/metrics");
-    let kinesis = metric_sum(&metrics, "shardlane_throttles_total", "service=\"kinesis\"");
+    let kinesis = metric_sum(
+        &metrics,
+        "shardlane_throttles_total",
+        &["service=\"kinesis\""],
+    );
     let dynamodb = metric_sum(
         &metrics,
         "shardlane_throttles_total",
-        "service=\"dynamodb\"",
+        &["service=\"dynamodb\""],
     );
     assert!(
         kinesis >= 4.0,
