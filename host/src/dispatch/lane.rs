@@ -23,15 +23,7 @@
 //! Between attempts the lane waits a jittered, doubling backoff; `hard_stop`
 //! cuts any wait or call short, leaving what was cut off unsettled.
 //!
-//! # Acks in bulk
-//! A lone record's ack is not sent to settlement on its own: the lane holds
-//! it and sends what it holds as one message once [`ACKS_PER_MESSAGE`] are
-//! held, before it waits for its next record on an empty inbox, once the
-//! oldest has been held [`ACKS_HELD_AT_MOST`] (checked between records, so
-//! a slow call holds them at most that call longer), before a backoff
-//! wait, and when it ends. Settlement takes acks in any order, so holding
-//! one only delays the checkpoint past it, by microseconds while records
-//! flow; it saves settlement a wake-up per record.
+//! A lone record's ack goes to settlement in bulk with others ([`acks`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -54,6 +46,7 @@ use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
 use crate::state::{CallState, StateStage};
 use crate::telemetry::spans;
 
+mod acks;
 mod give_up;
 mod metrics;
 mod publish;
@@ -61,17 +54,13 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+use acks::HeldAcks;
 pub(super) use metrics::LaneMetrics;
 use publish::{Deferred, OutputsByInput};
 
 /// First and longest wait between dead-letter puts that fail.
 const DEAD_LETTER_BACKOFF: (Duration, Duration) =
     (Duration::from_millis(200), Duration::from_secs(10));
-
-/// Most lone acks a lane holds before it sends them (see "Acks in bulk").
-const ACKS_PER_MESSAGE: usize = 32;
-/// Longest a lane holds a lone ack while records keep coming.
-const ACKS_HELD_AT_MOST: Duration = Duration::from_millis(10);
 
 /// A blocked record is logged at its first blocked attempt and every this
 /// many after.
@@ -99,10 +88,8 @@ pub(super) struct Lane<F: HandlerFactory> {
     deferred: Deferred,
     /// The subscription's per-key state, when it has some.
     state: Option<Arc<StateStage>>,
-    /// Lone acks not sent to settlement yet (see "Acks in bulk"), and
-    /// since when the oldest waits.
-    held_acks: Vec<Ticket>,
-    held_since: Option<Instant>,
+    /// Lone acks not sent to settlement yet ([`acks`]).
+    held_acks: HeldAcks,
 }
 
 /// `hard_stop` fired: the lane stops where it is.
@@ -167,8 +154,7 @@ impl<F: HandlerFactory> Lane<F> {
             args: Vec::new(),
             deferred: Deferred::default(),
             state: None,
-            held_acks: Vec::new(),
-            held_since: None,
+            held_acks: HeldAcks::default(),
         }
     }
 
@@ -199,12 +185,7 @@ impl<F: HandlerFactory> Lane<F> {
         let stopped = hard_stop.cancelled();
         tokio::pin!(stopped);
         loop {
-            if !self.held_acks.is_empty()
-                && (inbox.len() == 0
-                    || self
-                        .held_since
-                        .is_some_and(|since| since.elapsed() >= ACKS_HELD_AT_MOST))
-            {
+            if self.held_acks.due(inbox.len() == 0, Instant::now()) {
                 self.send_acks().await;
             }
             let delivery = tokio::select! {
@@ -225,29 +206,17 @@ impl<F: HandlerFactory> Lane<F> {
         self.send_acks().await;
     }
 
-    /// Holds a lone record's ack (see "Acks in bulk").
+    /// Holds a lone record's ack ([`acks`]), sending them all once full.
     async fn hold_ack(&mut self, ticket: Ticket) {
-        self.held_acks.push(ticket);
-        self.held_since.get_or_insert_with(Instant::now);
-        if self.held_acks.len() >= ACKS_PER_MESSAGE {
-            self.send_acks().await;
+        if let Some(msg) = self.held_acks.hold(ticket, Instant::now()) {
+            self.settle(msg).await;
         }
     }
 
     /// Sends the held acks to settlement.
     async fn send_acks(&mut self) {
-        self.held_since = None;
-        match self.held_acks.len() {
-            0 => {}
-            1 => {
-                let ticket = self.held_acks.pop().expect("one held");
-                self.settle(SettlementMsg::Settle(ticket)).await;
-            }
-            _ => {
-                let acks =
-                    std::mem::replace(&mut self.held_acks, Vec::with_capacity(ACKS_PER_MESSAGE));
-                self.settle(SettlementMsg::SettleMany(acks)).await;
-            }
+        if let Some(msg) = self.held_acks.take() {
+            self.settle(msg).await;
         }
     }
 

@@ -328,7 +328,7 @@ fn retry() -> Step {
 }
 
 /// Catches: an ack lost or held back when the lane ends, or acks sent one
-/// message each while records keep coming (see "Acks in bulk").
+/// message each while records keep coming (see `acks`).
 #[tokio::test(start_paused = true)]
 async fn lone_acks_reach_settlement_in_bulk_and_all_of_them() {
     // The inbox holds 64: all of them are in before the lane starts.
