@@ -230,40 +230,34 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
         cache: cache.path().to_owned(),
         extra: std::env::var("SHARDLANE_BENCH_EXTRA").unwrap_or_default(),
         rust_log: std::env::var("RUST_LOG").ok(),
-        label: "",
+        label: None,
     };
     // Each mode runs once per entry, labelled (the plain run last).
     let baseline_bin = std::env::var_os("SHARDLANE_BENCH_BASELINE").map(PathBuf::from);
-    let mut runs: Vec<(Option<String>, HostRun)> = Vec::new();
+    let mut runs: Vec<HostRun> = Vec::new();
     if let Some(bin) = &baseline_bin {
         anyhow::ensure!(
             bin.is_file(),
             "SHARDLANE_BENCH_BASELINE: {} is not a file",
             bin.display()
         );
-        runs.push((
-            Some("baseline".into()),
-            HostRun {
-                bin,
-                label: "-baseline",
-                ..host.clone()
-            },
-        ));
+        runs.push(HostRun {
+            bin,
+            label: Some("baseline".into()),
+            ..host.clone()
+        });
     }
     if let Ok(filter) = std::env::var("SHARDLANE_BENCH_COMPARE_RUST_LOG") {
-        runs.push((
-            Some(format!("RUST_LOG={filter}")),
-            HostRun {
-                rust_log: Some(filter),
-                label: "-rust-log",
-                ..host.clone()
-            },
-        ));
+        runs.push(HostRun {
+            label: Some(format!("RUST_LOG={filter}")),
+            rust_log: Some(filter),
+            ..host.clone()
+        });
     }
-    runs.push((None, host.clone()));
+    runs.push(host.clone());
     // Compiles each plugin into the cache, so start-ups compare alike.
     for mode in &modes {
-        for (_, run) in &runs {
+        for run in &runs {
             run.startup(mode).await?;
         }
     }
@@ -285,11 +279,8 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
         } else {
             records
         };
-        for (label, run) in &runs {
-            let name = match label {
-                Some(label) => format!("{}, {label}", mode.name),
-                None => mode.name.to_owned(),
-            };
+        for run in &runs {
+            let name = run.named(mode.name);
             println!("(b) host, {name} …");
             let measured = run.measure(mode, n).await?;
             println!(
@@ -303,13 +294,13 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
     }
 
     let mut idles = Vec::new();
-    for (label, run) in &runs {
+    for run in &runs {
         println!(
-            "(c) idle, {SHARDS} shards, {idle_secs} s{} …",
-            label.as_ref().map_or(String::new(), |l| format!(", {l}"))
+            "(c) {} …",
+            run.named(&format!("idle, {SHARDS} shards, {idle_secs} s"))
         );
         let (idle, quiet) = run.idle(&modes[0], Duration::from_secs(idle_secs)).await?;
-        idles.push((label, idle, quiet));
+        idles.push((run.named("idle"), idle, quiet));
     }
     if !host.extra.is_empty() {
         println!(
@@ -348,10 +339,9 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
                 .map_or("–".to_owned(), |n| format!("{n:.1}")),
         );
     }
-    for (label, idle, quiet) in idles {
+    for (name, idle, quiet) in idles {
         println!(
-            "(c) idle{}: {:.4} CPU-s per second for {SHARDS} shards = {:.3} % of a core; {:.5} CPU-s per shard per second",
-            label.as_ref().map_or(String::new(), |l| format!(", {l}")),
+            "(c) {name}: {:.4} CPU-s per second for {SHARDS} shards = {:.3} % of a core; {:.5} CPU-s per shard per second",
             idle,
             idle * 100.0,
             idle / f64::from(SHARDS)
@@ -558,11 +548,20 @@ struct HostRun<'a> {
     extra: String,
     /// The host's `RUST_LOG`; `None`: its own default filter.
     rust_log: Option<String>,
-    /// Names its profiles apart from the other runs'.
-    label: &'static str,
+    /// Tells its rows and profiles apart from the other runs'; `None`:
+    /// the plain run.
+    label: Option<String>,
 }
 
 impl HostRun<'_> {
+    /// `what`, with this run's label after it.
+    fn named(&self, what: &str) -> String {
+        match &self.label {
+            Some(label) => format!("{what}, {label}"),
+            None => what.to_owned(),
+        }
+    }
+
     fn config(&self, mode: &Mode, stream: &str, admin: &str) -> String {
         let run = self.runs.fetch_add(1, Ordering::Relaxed);
         let lease = match mode.store {
@@ -641,11 +640,8 @@ start = "trim_horizon"
         let perf = match std::env::var_os("SHARDLANE_BENCH_PERF") {
             None => None,
             Some(dir) => {
-                let name = format!(
-                    "{}{}.data",
-                    mode.name.replace([' ', ',', '='], "-"),
-                    self.label
-                );
+                let name =
+                    format!("{}.data", self.named(mode.name)).replace([' ', ',', '=', '/'], "-");
                 Some(Perf::record(host.pid(), &Path::new(&dir).join(name))?)
             }
         };
