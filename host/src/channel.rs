@@ -33,6 +33,7 @@
 //! the last receiver goes it closes the channel and wakes every sender,
 //! whose next try fails as closed.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -107,21 +108,29 @@ impl DeliverySender {
     pub async fn send(&self, mut delivery: Delivery) -> Result<(), SendError<Delivery>> {
         loop {
             // Most sends find room: no waiter registered for them.
-            delivery = match self.tx.try_send(delivery) {
-                Ok(()) => return Ok(()),
-                Err(TrySendError::Closed(d)) => return Err(SendError(d)),
-                Err(TrySendError::Full(d)) => d,
+            delivery = match self.offer(delivery) {
+                ControlFlow::Break(sent) => return sent,
+                ControlFlow::Continue(full) => full,
             };
             let notified = self.room.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             self.room.waiting.store(true, Ordering::SeqCst);
-            delivery = match self.tx.try_send(delivery) {
-                Ok(()) => return Ok(()),
-                Err(TrySendError::Closed(d)) => return Err(SendError(d)),
-                Err(TrySendError::Full(d)) => d,
+            delivery = match self.offer(delivery) {
+                ControlFlow::Break(sent) => return sent,
+                ControlFlow::Continue(full) => full,
             };
             notified.await;
+        }
+    }
+
+    /// One try: done (sent, or the channel closed), or the delivery back
+    /// because the channel is full.
+    fn offer(&self, delivery: Delivery) -> ControlFlow<Result<(), SendError<Delivery>>, Delivery> {
+        match self.tx.try_send(delivery) {
+            Ok(()) => ControlFlow::Break(Ok(())),
+            Err(TrySendError::Closed(d)) => ControlFlow::Break(Err(SendError(d))),
+            Err(TrySendError::Full(d)) => ControlFlow::Continue(d),
         }
     }
 }
