@@ -3,14 +3,17 @@
 use std::time::Duration;
 
 /// Kinesis allows 5 GetRecords calls per shard per second, shared by
-/// every consumer of the stream; 4 leaves one a second for a KCL (1 s
-/// idle, 200 ms minimum between reads) or Lambda (about one poll a
-/// second per shard) consumer at its default rate.
-pub const MAX_READS_PER_SECOND: f64 = 4.0;
+/// every consumer of the stream. The budget is the whole of it, as KCL's
+/// 200 ms minimum between reads is: a shard read by shardlane alone keeps
+/// the latency five reads a second give, and where other readers take
+/// reads the throttling they meet lowers shardlane's rate to what they
+/// leave (`reader/pace.rs`). A quiet shard leaves room by itself (see
+/// `POLL_IDLE_MAX`). Set 4 to reserve a read a second up front.
+pub const MAX_READS_PER_SECOND: f64 = 5.0;
 /// An empty read waits this long while the shard had records lately:
-/// the read budget's spacing, so a new record is about 125 ms away on
-/// average.
-pub const POLL_IDLE: Duration = Duration::from_millis(250);
+/// the read budget's spacing, so a new record is about 100 ms away on
+/// average (the latency before the budget existed).
+pub const POLL_IDLE: Duration = Duration::from_millis(200);
 /// A shard empty for 30 s backs off to one read a second, as KCL and
 /// Lambda poll: an idle subscription costs little CPU and leaves the
 /// shard's reads to others.
