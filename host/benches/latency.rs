@@ -7,7 +7,9 @@
 //! 150), `SHARDLANE_BENCH_EXTRA` (lines added to the subscription, e.g.
 //! `max_reads_per_second = 5` to compare settings in one sitting),
 //! `SHARDLANE_BENCH_GAP_MS` (the longest pause between two puts, default
-//! 900; pauses are uniform from 100 ms to it).
+//! 900; pauses are uniform from 100 ms to it), `SHARDLANE_BENCH_BIN`
+//! (another `shardlane` binary to measure, e.g. an older commit's build,
+//! for a before/after in one sitting; default: this build's).
 //!
 //! What it does: starts `kinesis-local`, creates a 4-shard stream, starts
 //! `shardlane run` (memory store, `start = "latest"`, the echo guest, the
@@ -19,7 +21,7 @@
 //! p99 and max. BENCHMARKS.md records the figures; compare only runs made
 //! in one sitting on one machine.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, bail};
@@ -49,7 +51,14 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
 }
 
 async fn run(records: usize, max_gap: u64) -> anyhow::Result<()> {
-    let bin = Path::new(env!("CARGO_BIN_EXE_shardlane"));
+    let bin = match std::env::var_os("SHARDLANE_BENCH_BIN") {
+        Some(other) => PathBuf::from(other),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_shardlane")),
+    };
+    if !bin.is_file() {
+        bail!("SHARDLANE_BENCH_BIN: {} is not a file", bin.display());
+    }
+    println!("measuring {}", bin.display());
     println!("building the guests …");
     let guests = guests::build()?;
     println!("starting kinesis-local …");
@@ -82,7 +91,7 @@ start = "latest"
         plugin = guests.echo.display(),
     );
     let mut host = HostProcess::start_as_deployed(
-        bin,
+        &bin,
         &config,
         &[("AWS_ENDPOINT_URL_KINESIS", kinesis.endpoint())],
     )?;
