@@ -10,7 +10,12 @@
 //! `[aws]` ([`crate::config::AwsTimeouts`]: connecting, the first byte of an
 //! answer, one attempt, the whole call); the SDK's own retries cover brief
 //! failures, and callers add a jittered backoff on top (throttling is a
-//! normal event, not an error). The defaults survive seconds of added
+//! normal event, not an error). GetRecords is the exception: it is sent
+//! once, because its throttling is how a shard reader learns what other
+//! consumers leave of the shard's five reads a second
+//! (`reader/pace.rs`), and the SDK's retries would spend more of them
+//! unseen; the reader retries every failure itself, keeping its
+//! iterator. The defaults survive seconds of added
 //! network latency: a fixed 2 s per attempt once made 2 s of latency a full
 //! outage.
 //!
@@ -421,8 +426,9 @@ impl Kinesis {
             .ok_or_else(|| KinesisError::Malformed("GetShardIterator returned no iterator".into()))
     }
 
-    /// Reads up to `limit` records at `iterator` (GetRecords). The payloads
-    /// are taken from the answer, not copied.
+    /// Reads up to `limit` records at `iterator` (GetRecords), in one
+    /// attempt (module docs: the caller retries). The payloads are taken
+    /// from the answer, not copied.
     ///
     /// # Errors
     /// The call's [`KinesisError`]; [`KinesisError::Malformed`] for a
@@ -437,6 +443,10 @@ impl Kinesis {
             .get_records()
             .shard_iterator(iterator)
             .limit(limit)
+            .customize()
+            .config_override(
+                aws_sdk_kinesis::config::Builder::default().retry_config(RetryConfig::disabled()),
+            )
             .send()
             .await
             .map_err(|e| {

@@ -39,7 +39,7 @@ fn environment_overrides_set_any_key() {
     assert_eq!(config.lease.store, LeaseBackend::Memory);
     let sub = &config.subscriptions[0];
     assert_eq!(sub.dispatch, DispatchMode::ByKey(4));
-    assert_eq!(sub.poll_idle, Duration::from_millis(250 + 50));
+    assert_eq!(sub.poll_idle, Duration::from_millis(300));
     assert_eq!(sub.stream.as_str(), "quoted");
     assert!(
         matches!(sub.start, StartPosition::AtTimestamp(_)),
