@@ -5,7 +5,7 @@
 //! Run: `cargo bench -p shardlane --bench latency` (release build; about
 //! two minutes). Environment: `SHARDLANE_BENCH_LATENCY_RECORDS` (default
 //! 150), `SHARDLANE_BENCH_EXTRA` (lines added to the subscription, e.g.
-//! `max_reads_per_second = 5` to compare settings in one sitting),
+//! `max_reads_per_second = 4` to compare settings in one sitting),
 //! `SHARDLANE_BENCH_GAP_MS` (the longest pause between two puts, default
 //! 900; pauses are uniform from 100 ms to it), `SHARDLANE_BENCH_BIN`
 //! (another `shardlane` binary to measure, e.g. an older commit's build,
@@ -21,7 +21,7 @@
 //! p99 and max. BENCHMARKS.md records the figures; compare only runs made
 //! in one sitting on one machine.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, bail};
@@ -52,12 +52,12 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
 
 async fn run(records: usize, max_gap: u64) -> anyhow::Result<()> {
     let bin = match std::env::var_os("SHARDLANE_BENCH_BIN") {
+        Some(other) if !Path::new(&other).is_file() => {
+            bail!("SHARDLANE_BENCH_BIN: {} is not a file", other.display())
+        }
         Some(other) => PathBuf::from(other),
         None => PathBuf::from(env!("CARGO_BIN_EXE_shardlane")),
     };
-    if !bin.is_file() {
-        bail!("SHARDLANE_BENCH_BIN: {} is not a file", bin.display());
-    }
     println!("measuring {}", bin.display());
     println!("building the guests …");
     let guests = guests::build()?;

@@ -14,8 +14,8 @@
 //! once, because its throttling is how a shard reader learns what other
 //! consumers leave of the shard's five reads a second
 //! (`reader/pace.rs`), and the SDK's retries would spend more of them
-//! unseen; the reader retries every failure itself, keeping its
-//! iterator. The defaults survive seconds of added
+//! unseen; the reader retries a throttled or failed read itself, keeping
+//! its iterator (an expired one is reopened). The defaults survive seconds of added
 //! network latency: a fixed 2 s per attempt once made 2 s of latency a full
 //! outage.
 //!

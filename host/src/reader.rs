@@ -97,6 +97,10 @@ struct Reading {
     behind: Gauge,
     throttles: crate::telemetry::Counter,
     throttle_log: crate::logging::LogGate,
+    /// Failed reads other than throttling, at WARN at most once per
+    /// [`crate::throttle::LOG_INTERVAL`] (GetRecords is sent once, so each
+    /// transient failure reaches the reader).
+    failure_log: crate::logging::LogGate,
     kpl: KplCounters,
     pace: pace::Pace,
     reads_with_records: crate::telemetry::Counter,
@@ -165,6 +169,7 @@ impl Reading {
             ),
             throttles: crate::throttle::counter(&ctx.telemetry, sub, "kinesis", shard.as_str()),
             throttle_log: crate::logging::LogGate::every(crate::throttle::LOG_INTERVAL),
+            failure_log: crate::logging::LogGate::every(crate::throttle::LOG_INTERVAL),
             kpl: KplCounters::new(ctx, shard),
             pace: pace::Pace::new(pace::Budget {
                 max_reads_per_second: ctx.subscription.max_reads_per_second,
@@ -432,8 +437,9 @@ impl ShardReader {
                     if let Some(suppressed) = reading.throttle_log.note(std::time::Instant::now()) {
                         tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, suppressed, ?wait, reads_per_second = reading.pace.rate(), "read throttled; backing off and reading this shard less often (logged at most once every 10 s; suppressed: since the last line)");
                     }
-                } else {
-                    tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %e, ?wait, "GetRecords failed; retrying");
+                } else if let Some(suppressed) = reading.failure_log.note(std::time::Instant::now())
+                {
+                    tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %e, suppressed, ?wait, "GetRecords failed; retrying (logged at most once every 10 s; suppressed: since the last line)");
                 }
                 self.sleep(wait).await
             }

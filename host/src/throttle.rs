@@ -7,9 +7,10 @@
 //! is not an error — but an operator must be able to see it. Readers count
 //! Kinesis throttles per shard, the lease keeper counts DynamoDB throttles
 //! per lease (an empty `shard_id` for table-wide calls) in
-//! `shardlane_throttles_total{subscription, service, shard_id}`. Only calls
-//! the SDK gave up on count: its own retries (up to three attempts) absorb
-//! brief bursts.
+//! `shardlane_throttles_total{subscription, service, shard_id}`. GetRecords
+//! is sent without the SDK's retries (`kinesis.rs`), so every refused read
+//! counts; of other calls, only those the SDK gave up on count: its own
+//! retries (up to three attempts) absorb brief bursts.
 
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ pub(crate) fn counter(
 ) -> Counter {
     telemetry.counter(
         "shardlane_throttles_total",
-        "AWS calls refused for throughput (throttling) after the SDK's own retries, by service and shard.",
+        "AWS calls refused for throughput (throttling), by service and shard: every refused GetRecords; of other calls, those refused after the SDK's own retries.",
         &[
             ("subscription", subscription),
             ("service", service),

@@ -119,13 +119,13 @@ async fn throttling_lowers_a_shards_read_rate() {
     let after = reads(&admin) - resumed;
     eprintln!("throttling: {unthrottled} reads in 2 s before, {after} in the 3 s after");
     // At the rate before, 1.5 times `unthrottled` (30–45 on a quiet
-    // machine); from a fifth of the budget, winning back 0.5 % of it
-    // (0.1/s) a second, faster the longer since the last refusal (the
-    // error backoff before the first success is part of it): 5–7 a
-    // second, 15–21 in 3 s. Paced, so a busy machine only lowers it; but
-    // never down to the floor (one read per 5 s).
+    // machine); from about a fifth of the budget, winning back 0.5 % of
+    // it (0.1/s) a second, faster the longer since the last refusal (the
+    // error backoff before the first success is part of that time): about
+    // 4.5–5 a second, 13–16 in 3 s. Paced, so a busy machine only lowers
+    // it; but never down to the floor (one read per 5 s).
     assert!(
-        (6.0..=26.0).contains(&after),
+        (6.0..=26.0).contains(&after) && after < unthrottled,
         "{after} reads in the 3 s after throttling ({unthrottled} in 2 s before)"
     );
     assert!(host.terminate().await.unwrap().success());

@@ -302,5 +302,23 @@ shard_sync_every = "1s""#)
     eprintln!(
         "throttling: {kinesis} Kinesis and {dynamodb} DynamoDB throttles counted, {warned} WARN lines"
     );
+
+    // Reads that fail otherwise (GetRecords is sent once: each failure
+    // reaches the reader) are logged as sparingly: 4 s of reset
+    // connections to Kinesis, many failed reads per shard, at most one
+    // line per shard (the gate opens at most once in 10 s).
+    rig.kinesis_proxy.set(Faults {
+        reset: true,
+        ..Faults::default()
+    });
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    rig.clear_both();
+    rig.put_and_wait("reset", 40, "records put after the resets")
+        .await;
+    let failed = rig.host.messages("GetRecords failed").len();
+    assert!(
+        (1..=4).contains(&failed),
+        "{failed} WARN lines for failed reads over 4 s on 4 shards"
+    );
     assert!(rig.host.terminate().await.unwrap().success());
 }

@@ -20,11 +20,11 @@
 //!   The first read with records restores `poll_idle`. A stream that gets
 //!   a record every few seconds per shard keeps the short wait (and its
 //!   latency); one that is silent for minutes costs a read a second. (At
-//!   10 s, a 4-shard stream with a record every half second lost about one
-//!   record in 150 to the ramp in the latency benchmark: 30 s keeps the
+//!   10 s, a 4-shard stream with a record every half second delayed about one
+//!   record in 150 by the ramp in the latency benchmark: 30 s keeps the
 //!   ramp to shards that really are idle.)
 //! - **Throttling** (`ProvisionedThroughputExceeded`: other consumers use
-//!   the shard's reads too) multiplies the shard's rate by [`DECREASE`]
+//!   the shard's reads too) multiplies the shard's rate by [`KEPT_ON_REFUSAL`]
 //!   (0.75), down to [`MIN_RATE`]. Without refusals the rate grows back,
 //!   slowly at first ([`RECOVERY`]: 0.5 % of the budget a second) and
 //!   faster the longer no read is refused (the pace grows by as much
@@ -33,15 +33,15 @@
 //!   link. GetRecords is sent once (`kinesis.rs`: no SDK retries), so
 //!   every refusal reaches this rule and no read is spent unseen.
 //!
-//! What that gives, from the simulation in the tests (a shard that
-//! refuses a read when five were accepted in the second before it; the
-//! reader's error backoff included): beside a consumer that polls once a
-//! second, shardlane settles at about 3.4 of the four reads a second left,
-//! with 1.5 % of its reads refused and none of the other's; beside two
-//! such, about 2.5 of three (2.4 % refused); two shardlane applications
-//! share the shard at about 2 reads a second each (4.2 of the five used,
-//! under 4 % refused); after a reader that took every read for a minute
-//! leaves, about 3 reads a second in the minute after and the whole
+//! What that gives, from the simulation in the tests (a shard that refuses
+//! a read when five were accepted in the second before it; the reader's
+//! error backoff included): beside a consumer that polls once a second,
+//! shardlane settles at about 3.4 of the four reads a second left, with
+//! 1.5 % of its reads refused and none of the other's; beside two such, about
+//! 2.5 of three (2.4 % refused; one of their 1,200 reads); two shardlane
+//! applications share the shard at about 2 reads a second each (4.2 of the
+//! five used, under 4 % refused); after a reader that took every read for a
+//! minute leaves, about 3 reads a second in the minute after and the whole
 //! budget in the minute after that.
 
 use std::time::Duration;
@@ -52,8 +52,8 @@ use tokio::time::Instant;
 pub(crate) const IDLE_RAMP_AFTER: Duration = Duration::from_secs(30);
 /// The lowest rate throttling can push a shard's reads down to, per second.
 pub(crate) const MIN_RATE: f64 = 0.2;
-/// What a refused read multiplies the shard's rate by.
-pub(crate) const DECREASE: f64 = 0.75;
+/// The share of the shard's rate a refused read leaves it.
+pub(crate) const KEPT_ON_REFUSAL: f64 = 0.75;
 /// The share of the configured budget won back per second right after a
 /// refused read; the pace of recovery grows by this much again every
 /// [`RECOVERY_SPEEDUP`] without one (module docs).
@@ -99,7 +99,8 @@ pub(crate) struct Pace {
     idle_wait: Duration,
     /// The earliest time of the next read.
     next: Option<Instant>,
-    /// When the rate last changed (throttled, or recovered).
+    /// When recovery was last credited (every read that ended, once a
+    /// read has been refused).
     adjusted: Option<Instant>,
     /// When the latest refused read ended.
     refused: Option<Instant>,
@@ -153,8 +154,8 @@ impl Pace {
             }
             Read::Throttled => {
                 self.recover(now);
-                self.rate =
-                    (self.rate * DECREASE).max(MIN_RATE.min(self.budget.max_reads_per_second));
+                self.rate = (self.rate * KEPT_ON_REFUSAL)
+                    .max(MIN_RATE.min(self.budget.max_reads_per_second));
                 self.adjusted = Some(now);
                 self.refused = Some(now);
             }

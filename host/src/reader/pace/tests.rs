@@ -3,7 +3,7 @@
 
 use super::*;
 
-fn budget() -> Budget {
+fn four_a_second() -> Budget {
     Budget {
         max_reads_per_second: 4.0,
         poll_idle: Duration::from_millis(250),
@@ -30,7 +30,7 @@ fn step(pace: &mut Pace, now: &mut Instant, read: Read, took: Duration) -> Insta
 
 #[test]
 fn reads_with_records_follow_each_other_within_the_budget() {
-    let mut pace = Pace::new(budget());
+    let mut pace = Pace::new(four_a_second());
     let mut now = Instant::now();
     let sent: Vec<Instant> = (0..5)
         .map(|_| step(&mut pace, &mut now, Read::Records, ms(30)))
@@ -48,7 +48,7 @@ fn reads_with_records_follow_each_other_within_the_budget() {
 fn empty_reads_wait_poll_idle_then_ramp_up_to_the_cap_after_a_quiet_spell() {
     let mut pace = Pace::new(Budget {
         max_reads_per_second: 10.0,
-        ..budget()
+        ..four_a_second()
     });
     let mut now = Instant::now();
     let start = now;
@@ -101,8 +101,9 @@ fn throttling_lowers_the_rate_and_success_wins_it_back_ever_faster() {
     for _ in 0..40 {
         step(&mut pace, &mut now, Read::Throttled, ms(10));
     }
-    // At one read per 5 s what each refusal cuts is partly won back
-    // before the next: the rate hovers just above the floor.
+    // Refused again and again, the rate settles near 0.3 a second, above
+    // the floor (one read per 5 s): what each refusal cuts is partly won
+    // back before the next.
     let base = pace.rate();
     assert!((MIN_RATE..0.35).contains(&base), "{base}");
     // t seconds after the last refusal the rate has won back
@@ -130,7 +131,7 @@ fn throttling_lowers_the_rate_and_success_wins_it_back_ever_faster() {
 fn a_budget_below_the_floor_is_kept() {
     let mut pace = Pace::new(Budget {
         max_reads_per_second: 0.1,
-        ..budget()
+        ..four_a_second()
     });
     let mut now = Instant::now();
     step(&mut pace, &mut now, Read::Throttled, ms(10));
@@ -329,7 +330,7 @@ const SHARD_LIMIT: Budget = Budget {
 };
 
 #[test]
-fn alone_a_shard_is_read_at_its_whole_budget() {
+fn alone_a_shard_is_read_at_its_whole_four_a_second() {
     let (ours, _) = share(SHARD_LIMIT, |_| vec![], 600);
     assert_eq!(ours.refused, 0);
     assert_eq!(ours.rate(600), 5.0);
@@ -337,7 +338,9 @@ fn alone_a_shard_is_read_at_its_whole_budget() {
 
 #[test]
 fn beside_readers_polling_once_a_second_the_room_left_is_used_and_theirs_kept() {
-    for (phases, most_refused) in [(vec![370], 0.02), (vec![370, 810], 0.03)] {
+    // (phases of the other readers, most of ours refused, most of theirs)
+    for (phases, most_refused, theirs_refused) in [(vec![370], 0.02, 0), (vec![370, 810], 0.03, 1)]
+    {
         let free = 5.0 - phases.len() as f64;
         let others = |start| {
             phases
@@ -355,7 +358,8 @@ fn beside_readers_polling_once_a_second_the_room_left_is_used_and_theirs_kept() 
         assert!(got >= 0.8 * free && got <= free, "{got} of {free}");
         assert!(ours.refused_share() <= most_refused, "{:?}", ours.refused);
         for seen in theirs {
-            assert!(seen.refused_share() <= 0.01, "theirs: {}", seen.refused);
+            eprintln!("  theirs: {} of {} refused", seen.refused, seen.sent);
+            assert!(seen.refused <= theirs_refused, "theirs: {}", seen.refused);
         }
     }
 }
