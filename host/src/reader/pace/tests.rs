@@ -11,6 +11,14 @@ fn four_a_second() -> Budget {
     }
 }
 
+/// A shard's pacing at `max` reads a second (250 ms idle, 1 s cap).
+fn at_most(max: f64) -> Pace {
+    Pace::new(Budget {
+        max_reads_per_second: max,
+        ..four_a_second()
+    })
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -46,10 +54,7 @@ fn reads_with_records_follow_each_other_within_the_budget() {
 
 #[test]
 fn empty_reads_wait_poll_idle_then_ramp_up_to_the_cap_after_a_quiet_spell() {
-    let mut pace = Pace::new(Budget {
-        max_reads_per_second: 10.0,
-        ..four_a_second()
-    });
+    let mut pace = at_most(10.0);
     let mut now = Instant::now();
     let start = now;
     let mut gaps = Vec::new();
@@ -129,10 +134,7 @@ fn throttling_lowers_the_rate_and_success_wins_it_back_ever_faster() {
 
 #[test]
 fn a_budget_below_the_floor_is_kept() {
-    let mut pace = Pace::new(Budget {
-        max_reads_per_second: 0.1,
-        ..four_a_second()
-    });
+    let mut pace = at_most(0.1);
     let mut now = Instant::now();
     step(&mut pace, &mut now, Read::Throttled, ms(10));
     assert_eq!(pace.rate(), 0.1);
