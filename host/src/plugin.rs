@@ -10,8 +10,10 @@
 //! with its pre-instantiated `*Pre`, so imports are resolved and exports
 //! looked up once; [`Instance`]: one `Store` + instance, owned by one lane,
 //! reused for every call, and implementing the dispatch seam). Beside them:
-//! `cache` ([`CompileCache`], compiled components on disk) and `error`
-//! ([`PluginError`], one line naming the file and the reason).
+//! `cache` ([`CompileCache`], compiled components on disk), `epoch` (the
+//! thread that advances the epoch while guest code runs, and sleeps while
+//! none does) and `error` ([`PluginError`], one line naming the file and
+//! the reason).
 //!
 //! Failures are told by type, never by wasmtime's wording: a component that
 //! does not compile fails `Engine::precompile_component`, one that does not
@@ -26,7 +28,9 @@
 //!   fresh one from the `*Pre` — cheap, microseconds.
 //! - Calls are async and yield at every epoch tick ([`EPOCH_TICK`]), so a
 //!   guest that loops cannot hold a runtime thread, and
-//!   `handler_timeout` cancels it.
+//!   `handler_timeout` cancels it. The epoch ticks whenever guest code
+//!   runs (every call and instantiation holds a guard; `epoch` argues why
+//!   none is missed) and not while none does.
 //! - WASI is linked because guests built with a language's standard library
 //!   import it, but the context grants nothing: no preopened directories, no
 //!   environment variables, no arguments, no network (every socket address is
@@ -88,6 +92,7 @@
 mod bindings;
 mod cache;
 mod engine;
+mod epoch;
 mod error;
 mod host;
 mod instance;

@@ -11,6 +11,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use super::bindings::{v1, v2};
 use super::cache::CompileCache;
+use super::epoch::Ticker;
 use super::host::{HostState, HttpMetrics};
 use super::instance::{Plugin, PluginPre};
 use super::{Contract, EPOCH_TICK, MAX_LOG_MESSAGE, PluginError, PluginInfo, World};
@@ -22,6 +23,8 @@ use crate::telemetry::Telemetry;
 #[derive(Clone)]
 pub struct PluginHost {
     engine: Engine,
+    /// Advances `engine`'s epoch while guest code runs.
+    ticker: Ticker,
     linker: Arc<Linker<HostState>>,
     fuel: bool,
     /// The pool's `max_core_instances_per_component`, for error messages.
@@ -70,7 +73,12 @@ impl PluginHost {
             .consume_fuel(fuel)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
-        spawn_epoch_ticker(&engine);
+        let weak = engine.weak();
+        // The thread holds only a weak reference: it ends with the engine.
+        let ticker = Ticker::spawn(EPOCH_TICK, move || {
+            weak.upgrade().map(|e| e.increment_epoch()).is_some()
+        })
+        .map_err(|e| anyhow::anyhow!("cannot start the epoch ticker thread: {e}"))?;
 
         let mut linker = Linker::<HostState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
@@ -82,6 +90,7 @@ impl PluginHost {
         v2::config::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         Ok(Self {
             engine,
+            ticker,
             linker: Arc::new(linker),
             fuel,
             max_core_instances,
@@ -362,6 +371,7 @@ impl PluginHost {
             pre,
             http_metrics,
             self.engine.clone(),
+            self.ticker.clone(),
             subscription,
             handler_timeout,
             sandbox,
@@ -431,24 +441,6 @@ pub(super) fn one_line(e: &wasmtime::Error) -> String {
     let mut line = format!("{e:#}").replace('\n', " ");
     crate::logging::cap(&mut line, MAX_LOG_MESSAGE);
     line
-}
-
-/// Advances the engine's epoch every [`EPOCH_TICK`] for as long as the
-/// engine lives (the thread holds only a weak reference).
-fn spawn_epoch_ticker(engine: &Engine) {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("wasm-epoch".into())
-        .spawn(move || {
-            while let Some(engine) = weak.upgrade() {
-                engine.increment_epoch();
-                drop(engine);
-                std::thread::sleep(EPOCH_TICK);
-            }
-        })
-        // Spawning a thread only fails when the OS is out of threads at
-        // start-up; nothing sensible can run then.
-        .expect("cannot spawn the epoch ticker thread");
 }
 
 #[cfg(test)]

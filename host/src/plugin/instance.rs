@@ -11,6 +11,7 @@ use wasmtime::{Engine, Store};
 
 use super::bindings::{v1, v2};
 use super::engine::one_line;
+use super::epoch::Ticker;
 use super::host::{CallContext, HostState, HttpMetrics};
 use super::{Contract, PluginError, World};
 use crate::channel::Record;
@@ -37,6 +38,7 @@ pub struct Plugin {
     pre: PluginPre,
     http_metrics: HttpMetrics,
     engine: Engine,
+    ticker: Ticker,
     subscription: SubscriptionName,
     handler_timeout: Duration,
     sandbox: SandboxConfig,
@@ -53,6 +55,7 @@ impl Plugin {
         pre: PluginPre,
         http_metrics: HttpMetrics,
         engine: Engine,
+        ticker: Ticker,
         subscription: SubscriptionName,
         handler_timeout: Duration,
         sandbox: SandboxConfig,
@@ -66,6 +69,7 @@ impl Plugin {
             pre,
             http_metrics,
             engine,
+            ticker,
             subscription,
             handler_timeout,
             sandbox,
@@ -120,6 +124,8 @@ impl Plugin {
         // Yield to the runtime at every tick: a looping guest neither holds
         // a thread nor escapes `handler_timeout`.
         store.epoch_deadline_async_yield_and_update(1);
+        // The guest's start-up is guest code: the epoch must tick.
+        let _running = self.ticker.running();
         let instantiate_error = |e: wasmtime::Error| PluginError::Instantiate {
             path: self.path.clone(),
             reason: one_line(&e),
@@ -149,6 +155,7 @@ impl Plugin {
         Ok(Instance {
             store,
             exports,
+            ticker: self.ticker.clone(),
             timeout: self.handler_timeout,
             fuel: self
                 .fuel_metering
@@ -169,6 +176,8 @@ enum Exports {
 pub struct Instance {
     store: Store<HostState>,
     exports: Exports,
+    /// Ticks the epoch while a call runs.
+    ticker: Ticker,
     timeout: Duration,
     /// Fuel granted per call, when the engine meters fuel.
     fuel: Option<u64>,
@@ -241,7 +250,9 @@ impl Instance {
         self.store
             .data_mut()
             .begin_call(call, std::mem::take(state), deadline);
+        let running = self.ticker.running();
         let result = tokio::time::timeout(timeout, guest(&self.exports, &mut self.store)).await;
+        drop(running);
         let (out_of_memory, outputs) = self.store.data_mut().end_call(state);
         match result {
             Ok(Some(Ok(outcome))) => Ok(Handled { outcome, outputs }),
