@@ -30,7 +30,8 @@
 //!   guest that loops cannot hold a runtime thread, and
 //!   `handler_timeout` cancels it. The epoch ticks whenever guest code
 //!   runs (every call and instantiation holds a guard; `epoch` argues why
-//!   none is missed) and not while none does.
+//!   none is missed); half a second after the last call it slows to a
+//!   tick a second.
 //! - WASI is linked because guests built with a language's standard library
 //!   import it, but the context grants nothing: no preopened directories, no
 //!   environment variables, no arguments, no network (every socket address is

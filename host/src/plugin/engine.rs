@@ -36,7 +36,8 @@ pub struct PluginHost {
 
 impl PluginHost {
     /// Builds the engine (pooling allocator, epoch interruption, a ticker
-    /// thread that lives as long as the engine) and the linker (WASI + log).
+    /// thread that ends within a second of the engine) and the linker
+    /// (WASI + log).
     ///
     /// # Errors
     /// When wasmtime rejects the configuration (e.g. it cannot reserve the
@@ -74,7 +75,8 @@ impl PluginHost {
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
         let weak = engine.weak();
-        // The thread holds only a weak reference: it ends with the engine.
+        // The thread holds only a weak reference: it ends within a second of
+        // the engine (`epoch`).
         let ticker = Ticker::spawn(EPOCH_TICK, move || {
             weak.upgrade().map(|e| e.increment_epoch()).is_some()
         })

@@ -7,33 +7,39 @@
 //! guard for its duration.
 //!
 //! Why: a ticker that ticks regardless wakes 100 times a second on an idle
-//! host, about a quarter of the CPU an idle 8-shard subscription spent
-//! once its shards were read once a second (BENCHMARKS.md, "Read budget").
+//! host, about a third of the CPU an idle 8-shard subscription spent once
+//! its shards were read once a second (BENCHMARKS.md, "Read budget").
 //!
 //! # Protocol, and why no running guest is left without ticks
-//! Two atomics, `running` (guards held) and `parked` (the ticker is, or is
-//! about to be, asleep), and a mutex + condvar to sleep on.
-//! - The ticker ticks while `running > 0`. After [`PARK_AFTER`] ticks in a
-//!   row with `running == 0` it parks: under the mutex it stores
-//!   `parked = true`, **then** loads `running`, and waits on the condvar
-//!   only if that load saw 0. The wait is timed (once a second the ticker
-//!   ticks, notices whether the engine is gone, and parks again if still
-//!   idle), and any wake-up is followed by the same checks.
-//! - A guard increments `running`, **then** loads `parked`; when it saw
-//!   `true` it takes the mutex and notifies.
+//! Two atomics, `state` (the guards held, `running`, in its low half; in
+//! its high half a count of guards ever taken, `entries`) and `parked`
+//! (the ticker is, or is about to be, asleep), and a mutex + condvar to
+//! sleep on.
+//! - At each tick the ticker reads `state`. A guard held, or `entries`
+//!   moved since the last tick (calls ran in between: a busy host's calls
+//!   are far shorter than a tick), counts as busy. After [`PARK_AFTER`]
+//!   idle ticks in a row it parks: under the mutex it stores
+//!   `parked = true`, **then** loads `state`, and waits on the condvar only
+//!   if that load saw `running == 0`. The wait is timed (once a second
+//!   the ticker ticks, notices whether the engine is gone, and parks again
+//!   if still idle), and any wake-up is followed by the same checks.
+//! - A guard increments `running` (and `entries`, in the same add),
+//!   **then** loads `parked`; when it saw `true` it takes the mutex and
+//!   notifies. Dropping it decrements `running`.
 //!
 //! All four accesses are `SeqCst`, so they fall in one total order. If the
-//! guard's increment comes before the ticker's load of `running`, the
+//! guard's increment comes before the ticker's load of `state`, the
 //! ticker sees the guard and does not wait. Otherwise the ticker's store of
 //! `parked` came before that load, which came before the increment, which
 //! came before the guard's load of `parked`: the guard sees `true` and
 //! notifies. Its notify cannot be lost, because the ticker holds the mutex
 //! from its store through the start of its wait (the wait releases it
 //! atomically), and the guard must take the mutex to notify. A busy host
-//! never parks (calls follow each other well within [`PARK_AFTER`]), so a
-//! call pays two atomic operations and nothing else.
+//! never parks (every tick sees a guard held or `entries` moved, which
+//! resets the count), so a call pays two atomic operations and nothing
+//! else.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -44,9 +50,18 @@ pub(crate) const PARK_AFTER: u32 = 50;
 /// How long a parked ticker sleeps before it checks the engine still lives.
 const PARKED_CHECK: Duration = Duration::from_secs(1);
 
+/// One guard taken, in `state`'s high half.
+const ONE_ENTRY: u64 = 1 << 32;
+
+/// The guards held, from `state`.
+fn running(state: u64) -> u32 {
+    state as u32
+}
+
 #[derive(Debug, Default)]
 struct Shared {
-    running: AtomicUsize,
+    /// `running` in the low 32 bits, `entries` (wrapping) in the high 32.
+    state: AtomicU64,
     parked: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
@@ -81,12 +96,16 @@ impl Ticker {
             .name("wasm-epoch".into())
             .spawn(move || {
                 let mut idle = 0u32;
+                let mut entries_seen = 0;
                 loop {
                     if !tick() {
                         return;
                     }
-                    if shared.running.load(SeqCst) > 0 {
+                    let state = shared.state.load(SeqCst);
+                    let entries = state >> 32;
+                    if running(state) > 0 || entries != entries_seen {
                         idle = 0;
+                        entries_seen = entries;
                     } else {
                         // Still idle after a timed wake-up: parks again.
                         idle = idle.saturating_add(1);
@@ -103,7 +122,7 @@ impl Ticker {
     /// Guest code is about to run: ticks until the guard is dropped.
     pub(crate) fn running(&self) -> Running {
         let shared = &self.shared;
-        shared.running.fetch_add(1, SeqCst);
+        shared.state.fetch_add(ONE_ENTRY | 1, SeqCst);
         if shared.parked.load(SeqCst) {
             let _held = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
             shared.wake.notify_one();
@@ -120,7 +139,7 @@ impl Shared {
     fn park(&self) {
         let held = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         self.parked.store(true, SeqCst);
-        if self.running.load(SeqCst) == 0 {
+        if running(self.state.load(SeqCst)) == 0 {
             // One timed wait: on a wake-up (a guard, or spurious) or the
             // timeout, the caller ticks and parks again if still idle.
             let _ = self
@@ -134,7 +153,7 @@ impl Shared {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.shared.running.fetch_sub(1, SeqCst);
+        self.shared.state.fetch_sub(1, SeqCst);
     }
 }
 
@@ -204,13 +223,13 @@ mod tests {
     #[test]
     fn a_guard_taken_as_the_ticker_parks_is_never_left_without_ticks() {
         let (ticker, ticks, stop) = counting();
-        // Guards taken around the moment the ticker parks (it counts
-        // PARK_AFTER idle ticks after the last guard went): each must see
-        // ticks within far less than the parked check (1 s).
-        let around = EVERY * PARK_AFTER;
-        for round in 0..40u32 {
-            let wait = around - EVERY * 5 + Duration::from_micros(503) * round;
-            std::thread::sleep(wait);
+        // Each round waits until the ticker has parked (or is parking:
+        // `parked` is set just before it checks for guards), then takes a
+        // guard a varying moment later: it must see ticks within far less
+        // than the parked check (1 s).
+        for round in 0..20u32 {
+            assert!(parked(&ticker), "round {round}: parks when idle");
+            std::thread::sleep(Duration::from_micros(37 * u64::from(round)));
             let held = ticker.running();
             assert!(
                 advances(&ticks, 2, Duration::from_millis(300)),
@@ -218,6 +237,24 @@ mod tests {
             );
             drop(held);
         }
+        stop.store(true, SeqCst);
+    }
+
+    #[test]
+    fn short_calls_between_ticks_keep_it_from_parking() {
+        let (ticker, _ticks, stop) = counting();
+        // Calls far shorter than a tick, one every millisecond, for four
+        // times as long as it takes to park: no tick sees a guard held,
+        // but each sees that calls ran.
+        let until = Instant::now() + EVERY * PARK_AFTER * 4;
+        let mut parked_seen = false;
+        while Instant::now() < until {
+            drop(ticker.running());
+            parked_seen |= ticker.shared.parked.load(SeqCst);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!parked_seen, "a host that keeps calling never parks");
+        assert!(parked(&ticker), "and parks once the calls stop");
         stop.store(true, SeqCst);
     }
 

@@ -53,6 +53,25 @@ pub fn free_port() -> u16 {
         .expect("cannot bind a loopback port")
 }
 
+/// Runs `start` (which picks its ports with [`free_port`]) again, on new
+/// ports, when the emulator found a port taken after all: a free port is
+/// only free when it is picked, and another process (an outgoing
+/// connection's ephemeral port, say) may take it before the emulator binds
+/// it. Any other failure, or a third clash, fails at once.
+async fn on_free_ports<T, F, Fut>(start: F) -> anyhow::Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let mut attempt = 1;
+    loop {
+        match start().await {
+            Err(e) if attempt < 3 && format!("{e:#}").contains("EADDRINUSE") => attempt += 1,
+            done => return done,
+        }
+    }
+}
+
 /// A name no other test run uses.
 pub fn unique_name(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -185,6 +204,10 @@ impl Kinesis {
     /// # Errors
     /// When npm, node or the emulator cannot start, with its output.
     pub async fn start() -> anyhow::Result<Self> {
+        on_free_ports(Self::start_once).await
+    }
+
+    async fn start_once() -> anyhow::Result<Self> {
         let dir = emulators_dir()?.join("node_modules/kinesis-local");
         let port = free_port();
         let mut command = Command::new("node");
@@ -400,6 +423,10 @@ impl Dynalite {
     /// # Errors
     /// When it cannot start, with its output.
     pub async fn start() -> anyhow::Result<Self> {
+        on_free_ports(Self::start_once).await
+    }
+
+    async fn start_once() -> anyhow::Result<Self> {
         let cli = emulators_dir()?.join("node_modules/dynalite/cli.js");
         let port = free_port();
         let mut command = Command::new("node");
