@@ -15,9 +15,9 @@
 //! consumers leave of the shard's five reads a second
 //! (`reader/pace.rs`), and the SDK's retries would spend more of them
 //! unseen; the reader retries a throttled or failed read itself, keeping
-//! its iterator (an expired one is reopened). The defaults survive seconds of added
-//! network latency: a fixed 2 s per attempt once made 2 s of latency a full
-//! outage.
+//! its iterator (an expired one is reopened). The defaults survive seconds
+//! of added network latency: a fixed 2 s per attempt once made 2 s of
+//! latency a full outage.
 //!
 //! The calls: [`Kinesis::describe_stream`] (start-up checks),
 //! [`Kinesis::list_shards`] (the lease keeper's shard sync),

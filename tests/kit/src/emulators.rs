@@ -17,25 +17,6 @@ use aws_sdk_kinesis::types::{PutRecordsRequestEntry, StreamStatus};
 
 use crate::{free_port, repo_root, run_checked};
 
-/// Runs `start` (which picks its ports with [`free_port`]) again, on new
-/// ports, when the emulator found a port taken after all: a free port is
-/// only free when it is picked, and another process (an outgoing
-/// connection's ephemeral port, say) may take it before the emulator binds
-/// it. Any other failure, or a third clash, fails at once.
-async fn on_free_ports<T, F, Fut>(start: F) -> anyhow::Result<T>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<T>>,
-{
-    let mut attempt = 1;
-    loop {
-        match start().await {
-            Err(e) if attempt < 3 && format!("{e:#}").contains("EADDRINUSE") => attempt += 1,
-            done => return done,
-        }
-    }
-}
-
 /// Installs the npm emulators (once per process) and returns their folder.
 pub fn emulators_dir() -> anyhow::Result<PathBuf> {
     static INSTALLED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -69,6 +50,37 @@ struct EmulatorProcess {
 }
 
 impl EmulatorProcess {
+    /// Starts `name` from `command(port)` on a free `port` and waits until
+    /// `probe(endpoint)` answers; fails loudly, with the emulator's output,
+    /// when it exits or does not answer.
+    ///
+    /// A free port is only free when it is picked: another process (an
+    /// outgoing connection's ephemeral port, say) may take it before the
+    /// emulator binds it. An emulator that finds its port taken after all
+    /// (`EADDRINUSE`) is started again on new ports, up to three times;
+    /// any other failure fails at once.
+    async fn start<P, Fut>(
+        name: &'static str,
+        command: impl Fn(u16) -> anyhow::Result<Command>,
+        probe: impl Fn(&str) -> P,
+    ) -> anyhow::Result<Self>
+    where
+        P: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let mut attempt = 1;
+        loop {
+            let port = free_port();
+            let mut process = Self::spawn(name, command(port)?, port)?;
+            let answers = probe(&process.endpoint);
+            match process.wait_until(answers).await {
+                Ok(()) => return Ok(process),
+                Err(e) if attempt < 3 && format!("{e:#}").contains("EADDRINUSE") => attempt += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Spawns `command` (its output to a log file) for an emulator that will
     /// listen on `port`.
     fn spawn(name: &'static str, mut command: Command, port: u16) -> anyhow::Result<Self> {
@@ -144,34 +156,32 @@ impl Kinesis {
     /// # Errors
     /// When npm, node or the emulator cannot start, with its output.
     pub async fn start() -> anyhow::Result<Self> {
-        on_free_ports(Self::start_once).await
-    }
-
-    async fn start_once() -> anyhow::Result<Self> {
-        let dir = emulators_dir()?.join("node_modules/kinesis-local");
-        let port = free_port();
-        let mut command = Command::new("node");
-        command
-            .arg("main.js")
-            .current_dir(&dir)
-            .env("KINESIS_MOCK_PLAIN_PORT", port.to_string())
-            .env("KINESIS_MOCK_TLS_PORT", free_port().to_string())
-            .env("LOG_LEVEL", "WARN")
-            // Streams become ACTIVE quickly: tests create many.
-            .env("CREATE_STREAM_DURATION", "100ms")
-            .env("DELETE_STREAM_DURATION", "100ms")
-            .env("SPLIT_SHARD_DURATION", "100ms")
-            .env("MERGE_SHARDS_DURATION", "100ms")
-            .env("SHARD_LIMIT", "200");
-        let mut kinesis = Self {
-            process: EmulatorProcess::spawn("kinesis-local", command, port)?,
+        let command = |port: u16| -> anyhow::Result<Command> {
+            let mut command = Command::new("node");
+            command
+                .arg("main.js")
+                .current_dir(emulators_dir()?.join("node_modules/kinesis-local"))
+                .env("KINESIS_MOCK_PLAIN_PORT", port.to_string())
+                .env("KINESIS_MOCK_TLS_PORT", free_port().to_string())
+                .env("LOG_LEVEL", "WARN")
+                // Streams become ACTIVE quickly: tests create many.
+                .env("CREATE_STREAM_DURATION", "100ms")
+                .env("DELETE_STREAM_DURATION", "100ms")
+                .env("SPLIT_SHARD_DURATION", "100ms")
+                .env("MERGE_SHARDS_DURATION", "100ms")
+                .env("SHARD_LIMIT", "200");
+            Ok(command)
         };
-        let client = kinesis.client();
-        kinesis
-            .process
-            .wait_until(|| async { client.list_streams().send().await.is_ok() })
-            .await?;
-        Ok(kinesis)
+        let probe = |endpoint: &str| {
+            let client = kinesis_client(endpoint);
+            move || {
+                let client = client.clone();
+                async move { client.list_streams().send().await.is_ok() }
+            }
+        };
+        Ok(Self {
+            process: EmulatorProcess::start("kinesis-local", command, probe).await?,
+        })
     }
 
     /// What the emulator printed so far.
@@ -186,19 +196,7 @@ impl Kinesis {
 
     /// An SDK client for it, with static test credentials.
     pub fn client(&self) -> Client {
-        let config = aws_sdk_kinesis::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new("us-east-1"))
-            .credentials_provider(Credentials::new(
-                "test",
-                "test",
-                None,
-                None,
-                "shardlane-testkit",
-            ))
-            .endpoint_url(self.endpoint())
-            .build();
-        Client::from_conf(config)
+        kinesis_client(self.endpoint())
     }
 
     /// Creates a stream and waits until it is ACTIVE.
@@ -363,34 +361,32 @@ impl Dynalite {
     /// # Errors
     /// When it cannot start, with its output.
     pub async fn start() -> anyhow::Result<Self> {
-        on_free_ports(Self::start_once).await
-    }
-
-    async fn start_once() -> anyhow::Result<Self> {
-        let cli = emulators_dir()?.join("node_modules/dynalite/cli.js");
-        let port = free_port();
-        let mut command = Command::new("node");
-        command
-            .arg(&cli)
-            .args(["--port", &port.to_string()])
-            // Tables become ACTIVE quickly: tests create them at start-up.
-            .args([
-                "--createTableMs",
-                "50",
-                "--deleteTableMs",
-                "50",
-                "--updateTableMs",
-                "50",
-            ]);
-        let mut dynalite = Self {
-            process: EmulatorProcess::spawn("dynalite", command, port)?,
+        let command = |port: u16| -> anyhow::Result<Command> {
+            let mut command = Command::new("node");
+            command
+                .arg(emulators_dir()?.join("node_modules/dynalite/cli.js"))
+                .args(["--port", &port.to_string()])
+                // Tables become ACTIVE quickly: tests create them at start-up.
+                .args([
+                    "--createTableMs",
+                    "50",
+                    "--deleteTableMs",
+                    "50",
+                    "--updateTableMs",
+                    "50",
+                ]);
+            Ok(command)
         };
-        let client = dynalite.client();
-        dynalite
-            .process
-            .wait_until(|| async { client.list_tables().send().await.is_ok() })
-            .await?;
-        Ok(dynalite)
+        let probe = |endpoint: &str| {
+            let client = dynamodb_client(endpoint);
+            move || {
+                let client = client.clone();
+                async move { client.list_tables().send().await.is_ok() }
+            }
+        };
+        Ok(Self {
+            process: EmulatorProcess::start("dynalite", command, probe).await?,
+        })
     }
 
     /// What it printed so far.
@@ -405,18 +401,40 @@ impl Dynalite {
 
     /// An SDK client for it.
     pub fn client(&self) -> aws_sdk_dynamodb::Client {
-        let config = aws_sdk_dynamodb::Config::builder()
-            .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
-            .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
-            .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
-                "test",
-                "test",
-                None,
-                None,
-                "shardlane-testkit",
-            ))
-            .endpoint_url(self.endpoint())
-            .build();
-        aws_sdk_dynamodb::Client::from_conf(config)
+        dynamodb_client(self.endpoint())
     }
+}
+
+/// A Kinesis client for the emulator at `endpoint`.
+fn kinesis_client(endpoint: &str) -> Client {
+    let config = aws_sdk_kinesis::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(
+            "test",
+            "test",
+            None,
+            None,
+            "shardlane-testkit",
+        ))
+        .endpoint_url(endpoint)
+        .build();
+    Client::from_conf(config)
+}
+
+/// A DynamoDB client for the emulator at `endpoint`.
+fn dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+        .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+            "test",
+            "test",
+            None,
+            None,
+            "shardlane-testkit",
+        ))
+        .endpoint_url(endpoint)
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
 }
