@@ -41,7 +41,7 @@ use async_channel::{RecvError, SendError, TrySendError};
 use tokio::sync::Notify;
 
 use crate::ids::{PartitionKey, SequenceNumber, ShardId, StreamName};
-use crate::settlement::Ticket;
+use crate::progress::Ticket;
 
 /// Deliveries the channel holds before readers wait. 64 keeps a few
 /// milliseconds of work queued for the handlers (so they never starve while

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 use serde::Deserialize;
 
 use crate::ids::{StreamName, SubscriptionName};
-use crate::swap::KeySlice;
+use crate::key_slice::KeySlice;
 
 pub mod defaults;
 mod overrides;
@@ -378,7 +378,28 @@ pub struct Grants {
     /// Where it may send HTTP requests (`http`); `None`: nowhere.
     pub http: Option<HttpGrant>,
     /// Per-key state (`state`); `None`: none.
-    pub state: Option<Arc<crate::state::StateConfig>>,
+    pub state: Option<Arc<StateConfig>>,
+}
+
+/// A subscription's `state` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateConfig {
+    /// Values expire this long after they were written; `None`: never.
+    pub ttl: Option<Duration>,
+    /// Largest value, in bytes.
+    pub max_value: u64,
+    /// Most bytes (names and values) under one key.
+    pub max_per_key: u64,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self {
+            ttl: None,
+            max_value: defaults::STATE_MAX_VALUE,
+            max_per_key: defaults::STATE_MAX_PER_KEY,
+        }
+    }
 }
 
 /// The `http` table: allowed destinations and per-request bounds.

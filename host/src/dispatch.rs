@@ -62,7 +62,8 @@ mod handler;
 mod lane;
 pub(crate) mod routing;
 
-pub use handler::{CallError, Handled, Handler, HandlerFactory, Outcome, Output};
+pub use crate::outputs::Output;
+pub use handler::{CallError, Handled, Handler, HandlerFactory, Outcome};
 
 use std::sync::Arc;
 

@@ -70,11 +70,12 @@
 //!   data; a refusal is never retried with the same envelope.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::channel::Record;
+use crate::clock::now_ms;
 use crate::config::{FailurePolicy, OnFailure};
 use crate::ids::{PluginDigest, StreamName, SubscriptionName};
 use crate::kinesis::{Kinesis, KinesisError};
@@ -206,13 +207,6 @@ pub trait DeadLetterSink: Send + Sync + 'static {
     /// Why it was not put; the caller retries with backoff, the record
     /// unsettled meanwhile.
     async fn put(&self, record: &Record, failure: LastFailure<'_>) -> Result<Put, KinesisError>;
-}
-
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// How old a record is, if Kinesis told its arrival time.

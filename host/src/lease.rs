@@ -38,48 +38,12 @@ mod planner;
 pub use keeper::{ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, Keeper, ShardSource, StopReason};
 
 use std::fmt;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::ids::{
-    OwnerId, PartitionKey, Position, SessionId, ShardId, StreamName, SubscriptionName,
-};
-
-/// Where a shard's processing stands in the lease store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Checkpoint {
-    /// Every record up to and including this position has settled (a
-    /// position may end inside a KPL aggregate: see [`Position`]).
-    At(Position),
-    /// The shard is closed and every record in it has settled: its children
-    /// may start.
-    ShardEnd,
-}
-
-impl Checkpoint {
-    /// Parses the stored form: `SHARD_END` as KCL writes it, or a
-    /// [`Position`] (`<sequence number>` or `<sequence number>:<index>`).
-    ///
-    /// # Errors
-    /// When the string is neither.
-    pub fn parse(value: &str) -> Result<Self, crate::ids::PositionError> {
-        if value == "SHARD_END" {
-            Ok(Checkpoint::ShardEnd)
-        } else {
-            Position::parse(value).map(Checkpoint::At)
-        }
-    }
-}
-
-/// The stored form (see [`Checkpoint::parse`]).
-impl fmt::Display for Checkpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Checkpoint::At(position) => fmt::Display::fmt(position, f),
-            Checkpoint::ShardEnd => f.write_str("SHARD_END"),
-        }
-    }
-}
+use crate::ids::{OwnerId, PartitionKey, SessionId, ShardId, StreamName, SubscriptionName};
+use crate::progress::Checkpoint;
 
 /// A checkpoint for the lease keeper to write, as settlement asks for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +70,33 @@ pub struct StateWrite {
     /// Its whole state, stored form; `None`: no value left (the stored
     /// state goes).
     pub state: Option<Vec<u8>>,
+}
+
+/// The per-key state that goes with a shard's checkpoints: the seam
+/// through which the [`Keeper`] opens and closes a shard's state as it
+/// takes and loses the lease, and commits the state's writes in the same
+/// fenced write as each checkpoint (see `crate::state`, "Commit
+/// protocol"). Defined here and implemented one floor up by the state
+/// stage, so the keeper never names it (see "Layers" in the crate docs).
+pub trait CheckpointState: Send + Sync {
+    /// The keeper took `shard`'s lease for reader `session`: its state
+    /// starts afresh from the store.
+    fn open(&self, shard: &ShardId, session: SessionId);
+
+    /// `shard`'s `session` ended (lease lost, released, handed over): what
+    /// it staged and did not commit is dropped.
+    fn close(&self, shard: &ShardId, session: SessionId);
+
+    /// The state writes that go with checkpoint `upto` of `shard` in
+    /// `session` (empty for a session no longer current). They are in
+    /// flight until [`committed`](Self::committed) says they landed; a
+    /// later call for the shard replaces them (the write failed and is
+    /// tried again). The keeper writes one checkpoint of a shard at a time.
+    fn commit(&self, shard: &ShardId, session: SessionId, upto: &Checkpoint) -> Vec<StateWrite>;
+
+    /// The checkpoint `upto`, with the writes [`commit`](Self::commit)
+    /// gave for it, is durable; the write took `took`.
+    fn committed(&self, shard: &ShardId, session: SessionId, upto: &Checkpoint, took: Duration);
 }
 
 /// Which lease: one per subscription, stream and shard.

@@ -2,67 +2,93 @@
 //! sandboxed WebAssembly components.
 //!
 //! # Layout
-//! One [`pipeline`] per subscription; its stages are modules, in the order a
-//! record takes, each a task that owns its state and talks through typed,
-//! bounded channels — data and control flow one way:
+//! One `pipeline` per subscription; its stages are
+//! modules, in the order a record takes, each a task that owns its state
+//! and talks through typed, bounded channels. Records flow one way; what
+//! flows back carries no records: settlement's checkpoint requests to the
+//! keeper, and the keeper's calls into the state stage through the
+//! [`CheckpointState`](crate::lease::CheckpointState) seam it defines.
 //!
 //! ```text
-//! lease keeper ─assignments─▶ reader pool ─records─▶ channel (64) ─▶ dispatch ─▶ plugin
-//!      ▲                        (readers)                              │ settle
-//!      └────────── checkpoint requests ── settlement ◀────────────────┘
+//!              assignments             deliveries (64)
+//! lease keeper ───────────▶ reader pool ───────────▶ dispatch ──▶ plugin (slot, instances)
+//!   ▲    │ open/close/commit    │ track/close           │ settle   │ acked + outputs
+//!   │    ▼                      ▼                       ▼          ▼
+//!   │  state stage ◀─stage── (lanes)    settlement ◀────────── output stage ──▶ Kinesis
+//!   └───── checkpoint requests ─────────────┘
 //! ```
 //!
-//! - [`lease`]: who reads which shard and where its checkpoint lives: the
-//!   [`lease::LeaseStore`] contract and its backends, the pure lease
-//!   planner, and the per-subscription keeper that takes, renews, hands
-//!   over and releases leases, writes their fenced checkpoints, and tells
-//!   the reader pool which shards to read.
-//! - `reader`: the reader pool and one reader task per assigned shard,
-//!   GetRecords into the channel, fenced by the lease's validity.
-//! - `channel`: the one bounded channel of 64 deliveries per subscription,
-//!   and the record it carries.
+//! - `lease`: who reads which shard and where its checkpoint lives: the
+//!   `LeaseStore` contract and its backends (memory, file, DynamoDB), the
+//!   pure planner, and the keeper that takes, renews, hands over and
+//!   releases leases, writes their fenced checkpoints (with the state
+//!   stage's writes, through `CheckpointState`) and tells the reader pool
+//!   which shards to read.
+//! - `reader`: the reader pool and one reader per assigned shard (polling
+//!   or fan-out), into the channel, fenced by the lease's validity.
+//! - `channel`: the one bounded channel of 64 deliveries per subscription.
 //! - `dispatch`: lanes (sequential, `workers`, `by_key`), the batch
-//!   collector, and the one record path for retries, rejects, give-ups and
-//!   bisection; the dispatch seam (`Handler`, `HandlerFactory`) speaks its
-//!   own outcome and error types.
-//! - `failure`: the failure policy the lanes apply, with its dead-letter
-//!   sink.
+//!   collector, the one record path for retries, rejects, give-ups and
+//!   bisection, and the dispatch seam (`Handler`, `HandlerFactory`);
+//!   `failure`: the failure policy with its dead-letter sink.
+//! - `state`: per-key state, staged by the lanes, committed with the
+//!   checkpoint by the keeper.
+//! - `outputs`: the output stage, which publishes acked records' outputs
+//!   and settles their inputs once they are durable.
 //! - `settlement`: out-of-order acks in, safe coalesced checkpoint requests
 //!   out (the pure watermark inside).
-//! - [`plugin`]: the wasmtime embedding: engine and loading, the compile
-//!   cache, host state (WASI granting nothing, `log`), instances that
-//!   implement the dispatch seam.
-//! - `swap`: the plugin slot lanes instantiate from, replaced while the
-//!   service runs (file watch, admin API), and the canary's key slice.
-//! - `pipeline`: wires one subscription's stages and runs their ordered
-//!   shutdown; `supervisor` starts every pipeline and the operations
-//!   server.
-//! - `ops`: the operations HTTP server: `/healthz`, `/readyz`, `/metrics`,
-//!   the status page, and the admin API; `telemetry` holds what it serves:
-//!   metrics, each subscription's typed status, and OpenTelemetry spans.
+//! - `plugin`: the wasmtime embedding: engine, compile cache, host state,
+//!   instances implementing the dispatch seam; `swap`: the plugin slot
+//!   lanes instantiate from, replaced while running, and the canary.
+//! - `pipeline` wires one subscription and runs its ordered shutdown;
+//!   `ops` serves `/healthz`, `/readyz`, `/metrics`, the status page and
+//!   the admin API; `supervisor` starts every pipeline and the operations
+//!   server; `commands` are the one-shot commands beside `run`.
+//! - Below them: ground values (`ids`, `progress`, `key_slice`, `clock`,
+//!   `files`, `backoff`, `kpl`), `config` (the TOML config, validated into
+//!   types), and what every stage writes to or calls: `logging`,
+//!   `telemetry` (metrics, typed status, spans), `throttle`, `kinesis`
+//!   (the client and a typed error) and `channel`.
 //!
-//! Around them: [`config`] (the TOML config, validated into types),
-//! [`ids`] (newtypes, sequence-number ordering, the key hash), `kinesis`
-//! (the client, every Kinesis call, a typed error), `kpl` (KPL
-//! de-aggregation), `files` (bounded reads
-//! of regular files only: plugins, the config), `backoff`, `throttle`
-//! (throttle counts) and [`logging`].
+//! # Layers
+//! Each numbered line is a floor. A module imports (`crate::` paths in
+//! non-test code) only modules on its own floor or below, and the modules
+//! of one floor import each other without a circle, so any stage can be
+//! read with only what lies under it. When a lower stage must call a
+//! higher one, the lower one defines a trait and the higher implements it
+//! (the keeper's `CheckpointState`; the dispatch seam the plugin
+//! implements). This list is the one the suite checks (`layers` test):
+//!
+//! 1. ground values: `ids`, `progress`, `key_slice`, `clock`, `files`, `backoff`, `kpl`
+//! 2. config: `config`
+//! 3. sinks and clients: `logging`, `telemetry`, `throttle`, `kinesis`, `channel`
+//! 4. leases: `lease`
+//! 5. settling: `settlement`, `state`
+//! 6. records in and out: `reader`, `outputs`
+//! 7. dispatch: `dispatch`, `failure`
+//! 8. the Wasm host: `plugin`
+//! 9. the plugin slot: `swap`
+//! 10. wiring: `pipeline`, `ops`
+//! 11. the supervisor: `supervisor`
+//! 12. commands: `commands`
 //!
 //! # Public surface
-//! Modules are private unless named above as links; what the binary, the
-//! end-to-end tests and operators' tooling need is re-exported here.
-//! Everything else is crate-private, so the compiler reports dead code.
+//! Modules are private unless the binary, the end-to-end tests or the
+//! benches name them; what they need is re-exported here, so the compiler
+//! reports dead code elsewhere.
 
 #![warn(unreachable_pub)]
 
 mod backoff;
 mod channel;
+mod clock;
+mod commands;
 pub mod config;
 mod dispatch;
 mod failure;
 mod files;
 pub mod ids;
-mod import_kcl;
+mod key_slice;
 mod kinesis;
 mod kpl;
 pub mod lease;
@@ -71,6 +97,7 @@ mod ops;
 mod outputs;
 mod pipeline;
 pub mod plugin;
+mod progress;
 mod reader;
 mod settlement;
 pub mod state;
@@ -79,13 +106,17 @@ mod swap;
 mod telemetry;
 mod throttle;
 
+#[cfg(test)]
+mod layers;
+
 pub use channel::CHANNEL_CAPACITY;
+pub use commands::{Imported, deregister_consumer, import_kcl, state_get};
 pub use dispatch::LANE_INBOX;
 pub use dispatch::routing::lane_for;
 pub use files::MAX_PLUGIN_BYTES;
-pub use import_kcl::{Imported, import_kcl};
-pub use supervisor::{LoadedSubscription, deregister_consumer, load_plugins, run};
-pub use swap::KeySlice;
+pub use key_slice::KeySlice;
+pub use progress::Checkpoint;
+pub use supervisor::{LoadedSubscription, load_plugins, run};
 
 /// The operations server's limits (see the README's "Operations").
 pub mod admin {
@@ -102,6 +133,7 @@ pub mod bench {
     pub use crate::failure::Policy;
     pub use crate::kinesis::KinesisError;
     pub use crate::outputs::{OutputStage, PUBLISH_QUEUE, Publish, PutRecords};
-    pub use crate::settlement::{SETTLEMENT_QUEUE, Settlement, SettlementMsg, Ticket};
+    pub use crate::progress::Ticket;
+    pub use crate::settlement::{SETTLEMENT_QUEUE, Settlement, SettlementMsg};
     pub use crate::telemetry::Telemetry;
 }

@@ -264,7 +264,7 @@ fn state_get(config_path: PathBuf, subscription: &str, keys: &[String]) -> anyho
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let found = runtime.block_on(shardlane::state::inspect(&config, subscription, keys))?;
+    let found = runtime.block_on(shardlane::state_get(&config, subscription, keys))?;
     let now = std::time::SystemTime::now();
     for (key, state) in found {
         let Some(state) = state else {

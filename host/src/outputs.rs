@@ -62,12 +62,27 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::dispatch::Output;
 use crate::ids::{PartitionKey, StreamName, SubscriptionName};
 use crate::kinesis::{Kinesis, KinesisError};
 use crate::logging::LogGate;
-use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
+use crate::progress::Ticket;
+use crate::settlement::{SettlementMsg, SettlementSender};
 use crate::telemetry::{BATCH_BUCKETS, Counter, Gauge, Histogram, Telemetry};
+
+/// A record a call published for one of its inputs (contract 0.2.0
+/// `outputs`): published only if that input's attempt acks, and the input
+/// settles only once it is durably in its stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// The input it belongs to: its index in the call (0 for a record).
+    pub input: u32,
+    /// The stream to put it to (one the subscription grants).
+    pub stream: StreamName,
+    /// Its partition key.
+    pub partition_key: PartitionKey,
+    /// Its payload.
+    pub data: Vec<u8>,
+}
 
 /// Publishes queued to the stage before lanes wait.
 pub const PUBLISH_QUEUE: usize = 64;

@@ -4,9 +4,10 @@
 //! ```text
 //!              assignments            deliveries (64)
 //! lease keeper ───────────▶ reader pool ───────────▶ dispatch ──▶ plugin slot
-//!      ▲                         │ open/track/close      │ settle     │ publish (acked + outputs)
-//!      │  checkpoint requests    ▼                       ▼            ▼
-//!      └──────────────────── settlement ◀─────────────────────── output stage ──▶ Kinesis
+//!   ▲   │ open/close/commit      │ open/track/close      │ settle     │ publish (acked + outputs)
+//!   │   ▼                        ▼                       ▼            ▼
+//!   │ state stage ◀─stage─ lanes  settlement ◀─────────────────── output stage ──▶ Kinesis
+//!   └──── checkpoint requests ───────┘
 //! ```
 //!
 //! Every arrow is a typed, bounded channel owned by the stage that sends:
@@ -15,8 +16,14 @@
 //! dispatch's lanes call the plugin and tell settlement what settled (or,
 //! for an acked record with outputs, hand it to the output stage, which
 //! settles it once its outputs are put), and settlement asks the keeper
-//! for checkpoints. Records flow one way; the
-//! only way back is the checkpoint requests, which carry no records.
+//! for checkpoints. Records flow one way. Two things flow back, neither
+//! carrying records: settlement's checkpoint requests to the keeper, and
+//! the keeper's calls into the state stage (when the subscription keeps
+//! state) through [`CheckpointState`], the seam `lease` defines and
+//! `state` implements: the keeper opens and closes a shard's state as it
+//! takes and loses the lease, and takes the state writes that go with each
+//! checkpoint into the same fenced write. The lanes stage acked records'
+//! writes in the same state stage.
 //!
 //! # Shutdown
 //! [`Pipeline::shutdown`] stops the keeper and lets the rest follow, each
@@ -46,7 +53,9 @@ use crate::dispatch::Dispatcher;
 use crate::failure::{DeadLetters, Policy};
 use crate::ids::{OwnerId, SubscriptionName};
 use crate::kinesis::{ConsumerArn, Kinesis};
-use crate::lease::{ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, Keeper, LeaseStore};
+use crate::lease::{
+    ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, CheckpointState, Keeper, LeaseStore,
+};
 use crate::outputs::{OutputStage, PUBLISH_QUEUE};
 use crate::reader::ReaderContext;
 use crate::reader::pool::ReaderPool;
@@ -175,7 +184,7 @@ impl Pipeline {
             status,
             telemetry,
         )
-        .with_state(state);
+        .with_state(state.map(|s| s as Arc<dyn CheckpointState>));
         Self {
             name: sub.name.clone(),
             shutdown_timeout: sub.shutdown_timeout,

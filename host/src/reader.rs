@@ -52,7 +52,8 @@ use crate::channel::{Delivery, DeliverySender};
 use crate::config::SubscriptionConfig;
 use crate::ids::{Position, SessionId, ShardId};
 use crate::kinesis::{ConsumerArn, Fetched, HashKeyRange, Kinesis, KinesisError, ReadFrom};
-use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
+use crate::progress::Ticket;
+use crate::settlement::{SettlementMsg, SettlementSender};
 use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry, spans};
 
 /// First wait after a throttled or failed call.

@@ -29,23 +29,13 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::ids::{Position, SessionId, ShardId, SubscriptionName};
-use crate::lease::{Checkpoint, CheckpointRequest};
-pub(crate) use watermark::{Offset, Settled, Watermark};
+use crate::lease::CheckpointRequest;
+use crate::progress::{Checkpoint, Offset, Ticket};
+pub(crate) use watermark::{Settled, Watermark};
 
 /// Messages queued to the settlement task before it falls behind: it does
 /// O(1) work per message, so this only absorbs bursts.
 pub const SETTLEMENT_QUEUE: usize = 1024;
-
-/// Where one delivered record settles.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ticket {
-    /// The record's shard.
-    pub shard: ShardId,
-    /// The reader session that read it.
-    pub session: SessionId,
-    /// Its offset within that session.
-    pub offset: Offset,
-}
 
 /// What readers and dispatch tell the settlement task.
 #[derive(Debug)]

@@ -71,34 +71,11 @@ mod call;
 mod codec;
 mod stage;
 
-use std::time::Duration;
-
 pub use call::{CallState, Delta, StateError};
 pub use codec::{KeyState, VALUE_OVERHEAD, Value};
-pub use stage::{CACHED_KEYS_PER_SHARD, Commit, StateStage};
+pub use stage::{CACHED_KEYS_PER_SHARD, StateStage};
 
 use crate::telemetry::{Gauge, Histogram, Telemetry};
-
-/// A subscription's `state` table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StateConfig {
-    /// Values expire this long after they were written; `None`: never.
-    pub ttl: Option<Duration>,
-    /// Largest value, in bytes.
-    pub max_value: u64,
-    /// Most bytes (names and values) under one key.
-    pub max_per_key: u64,
-}
-
-impl Default for StateConfig {
-    fn default() -> Self {
-        Self {
-            ttl: None,
-            max_value: crate::config::defaults::STATE_MAX_VALUE,
-            max_per_key: crate::config::defaults::STATE_MAX_PER_KEY,
-        }
-    }
-}
 
 /// Commit time buckets, in seconds.
 const COMMIT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
@@ -146,42 +123,4 @@ impl StateMetrics {
             ),
         }
     }
-}
-
-/// The committed state of `keys` in `subscription`, read from the lease
-/// store `config` names (`shardlane state get`): read-only. The file store
-/// is locked by a running instance: stop it first, or use the memory of
-/// the running instance's metrics.
-///
-/// # Errors
-/// No such subscription, or one without a `state` table; the store cannot
-/// be opened or read; a stored state does not decode.
-pub async fn inspect(
-    config: &crate::config::Config,
-    subscription: &str,
-    keys: &[String],
-) -> anyhow::Result<Vec<(crate::ids::PartitionKey, Option<KeyState>)>> {
-    use anyhow::Context as _;
-    let sub = config
-        .subscriptions
-        .iter()
-        .find(|s| s.name.as_str() == subscription)
-        .with_context(|| format!("no subscription named {subscription:?} in the config"))?;
-    anyhow::ensure!(
-        sub.sandbox.grants.state.is_some(),
-        "subscription {subscription:?} keeps no state: its config has no `state` table"
-    );
-    let store = crate::supervisor::open_store(config).await?;
-    let mut out = Vec::with_capacity(keys.len());
-    for key in keys {
-        let key = crate::ids::PartitionKey::new(key.as_str());
-        let state = match store.load_state(&sub.name, &key).await? {
-            None => None,
-            Some(bytes) => {
-                Some(KeyState::decode(&bytes).with_context(|| format!("state of key {key:?}"))?)
-            }
-        };
-        out.push((key, state));
-    }
-    Ok(out)
 }

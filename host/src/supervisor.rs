@@ -355,32 +355,3 @@ async fn check_stream(kinesis: &Kinesis, stream: &StreamName, key: &str) -> anyh
         }
     }
 }
-
-/// Deregisters the enhanced fan-out consumer of `subscription`
-/// (`shardlane deregister-consumer`): returns the stream, the consumer's
-/// name and whether it existed.
-///
-/// # Errors
-/// When the subscription is not in `config`, does not read by fan-out, or
-/// Kinesis refuses.
-pub async fn deregister_consumer(
-    config: &Config,
-    subscription: &str,
-) -> anyhow::Result<(String, String, bool)> {
-    let sub = config
-        .subscriptions
-        .iter()
-        .find(|s| s.name.as_str() == subscription)
-        .with_context(|| format!("no subscription named {subscription:?} in the config"))?;
-    let ReadMode::FanOut { consumer } = &sub.read else {
-        anyhow::bail!(
-            "subscription {subscription:?} reads by polling (read = \"fan_out\" is not set): it has no stream consumer"
-        );
-    };
-    let kinesis = Kinesis::connect(&config.aws).await;
-    let existed = kinesis
-        .deregister_consumer(&sub.stream, consumer)
-        .await
-        .with_context(|| format!("cannot deregister stream consumer {consumer:?}"))?;
-    Ok((sub.stream.to_string(), consumer.clone(), existed))
-}

@@ -52,8 +52,8 @@ use tokio_util::sync::CancellationToken;
 
 mod canary;
 
+use crate::key_slice::KeySlice;
 use canary::Canary;
-pub use canary::KeySlice;
 pub(crate) use canary::{Role, SlotInstance};
 
 use crate::config::SandboxConfig;

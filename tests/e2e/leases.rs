@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use shardlane::Checkpoint;
+use shardlane::lease::LeaseStore;
 use shardlane::lease::file::FileLeaseStore;
-use shardlane::lease::{Checkpoint, LeaseStore};
 use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
 use tokio::task::JoinHandle;
 

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::channel::Record;
-use crate::ids::{LaneId, PartitionKey, PluginDigest, StreamName};
+use crate::ids::{LaneId, PluginDigest};
+use crate::outputs::Output;
 use crate::state::CallState;
 
 /// What a handler says about one record.
@@ -27,21 +28,6 @@ pub enum Outcome {
     /// Never: the record settles by the failure policy (skipped or
     /// dead-lettered).
     Reject(String),
-}
-
-/// A record a call published for one of its inputs (contract 0.2.0
-/// `outputs`): published only if that input's attempt acks, and the input
-/// settles only once it is durably in its stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Output {
-    /// The input it belongs to: its index in the call (0 for a record).
-    pub input: u32,
-    /// The stream to put it to (one the subscription grants).
-    pub stream: StreamName,
-    /// Its partition key.
-    pub partition_key: PartitionKey,
-    /// Its payload.
-    pub data: Vec<u8>,
 }
 
 /// What a call answered: its outcome(s), and the outputs it published.

@@ -42,7 +42,8 @@ use crate::failure::Policy;
 use crate::ids::{LaneId, PluginDigest};
 use crate::logging::{MAX_GUEST_TEXT, cap};
 use crate::outputs::{Publish, PublishSender};
-use crate::settlement::{SettlementMsg, SettlementSender, Ticket};
+use crate::progress::Ticket;
+use crate::settlement::{SettlementMsg, SettlementSender};
 use crate::state::{CallState, StateStage};
 use crate::telemetry::spans;
 

@@ -38,9 +38,9 @@ use aws_sdk_dynamodb::types::{
 
 mod state;
 
-use super::Checkpoint;
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite};
 use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
+use crate::progress::Checkpoint;
 
 const GROUP: &str = "lease_group";
 const SHARD: &str = "shard_id";

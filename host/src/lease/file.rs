@@ -36,9 +36,9 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use super::Checkpoint;
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite, rules};
 use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
+use crate::progress::Checkpoint;
 
 const LEASES: TableDefinition<&str, &str> = TableDefinition::new("leases");
 const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");

@@ -120,12 +120,11 @@ use writes::merge;
 use calls::Io;
 
 use super::planner::Planner;
-use super::{CheckpointRequest, HeldLease, LeaseError, LeaseKey, LeaseStore};
+use super::{CheckpointRequest, CheckpointState, HeldLease, LeaseError, LeaseKey, LeaseStore};
 use crate::config::{LeaseConfig, SubscriptionConfig};
 use crate::ids::{OwnerId, SessionId, ShardId, StreamName};
 use crate::kinesis::{HashKeyRange, Kinesis, KinesisError, ReadFrom, ShardInfo};
 use crate::logging::LogGate;
-use crate::state::StateStage;
 use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry};
 
 /// Checkpoint requests queued to the keeper; settlement coalesces them to
@@ -269,13 +268,13 @@ pub struct Keeper {
     /// would otherwise lose the race to the giver's next sync forever).
     handed_over: HashMap<ShardId, Instant>,
     /// The subscription's per-key state, committed with each checkpoint.
-    state: Option<Arc<StateStage>>,
+    state: Option<Arc<dyn CheckpointState>>,
 }
 
 impl Keeper {
     /// Commits `state`'s writes with each checkpoint, and opens and closes
     /// its shard sessions as leases are taken and lost.
-    pub fn with_state(mut self, state: Option<Arc<StateStage>>) -> Self {
+    pub fn with_state(mut self, state: Option<Arc<dyn CheckpointState>>) -> Self {
         self.state = state;
         self
     }
@@ -431,10 +430,10 @@ impl Keeper {
             } => self.on_renewed(shard, session, sent_at, result),
             Io::Checkpointed {
                 request,
-                commit,
+                state_writes,
                 sent_at,
                 result,
-            } => self.on_checkpointed(request, commit, sent_at, result),
+            } => self.on_checkpointed(request, state_writes, sent_at, result),
             Io::Released { shard, result } => match result {
                 Ok(()) => {
                     tracing::info!(subscription = %self.subscription.name, shard_id = %shard, held = self.held.len(), "lease released")

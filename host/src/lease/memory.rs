@@ -9,9 +9,9 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::Checkpoint;
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite, rules};
 use crate::ids::{OwnerId, PartitionKey, StreamName, SubscriptionName};
+use crate::progress::Checkpoint;
 
 /// Leases (and state) in maps behind one std mutex: every operation is a
 /// short, purely in-memory critical section, never held across an

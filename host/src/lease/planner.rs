@@ -31,10 +31,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Checkpoint;
 use super::Lease;
 use crate::ids::{OwnerId, ShardId};
 use crate::kinesis::ShardInfo;
+use crate::progress::Checkpoint;
 
 /// What to do after a sync.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -25,7 +25,8 @@ use tower_http::timeout::TimeoutLayer;
 use super::limits::{BODY_READ_TIMEOUT, CONNECTION_LIFETIME, LogGate, capped};
 use super::{LOG_INTERVAL, MAX_PLUGIN_UPLOAD, OpsState, Routes, status_page};
 use crate::ids::SubscriptionName;
-use crate::swap::{CanaryError, KeySlice};
+use crate::key_slice::KeySlice;
+use crate::swap::CanaryError;
 
 /// Longest a read-only request may take: they answer from memory.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);

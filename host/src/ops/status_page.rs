@@ -78,7 +78,7 @@ struct LaneSnapshot {
 /// The state as the page shows it.
 pub(super) fn snapshot(state: &OpsState) -> Snapshot {
     Snapshot {
-        t: crate::failure::now_ms(),
+        t: crate::clock::now_ms(),
         ready: state.telemetry.ready(),
         subscriptions: state
             .telemetry

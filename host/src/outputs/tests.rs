@@ -11,10 +11,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{MAX_PENDING_OUTPUTS, OutputStage, PUBLISH_QUEUE, Publish, PutRecords};
-use crate::dispatch::Output;
 use crate::ids::{PartitionKey, SessionId, ShardId, StreamName};
 use crate::kinesis::KinesisError;
-use crate::settlement::{SettlementMsg, Ticket};
+use crate::outputs::Output;
+use crate::progress::Ticket;
+use crate::settlement::SettlementMsg;
 use crate::telemetry::Telemetry;
 
 /// What a scripted call does: accept all, refuse the records of some keys,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::engine::one_line;
+use super::error::one_line;
 use crate::ids::PluginDigest;
 
 /// The largest compile cache entry read. Compiled code is a few times the

@@ -12,9 +12,10 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 use super::bindings::{v1, v2};
 use super::cache::CompileCache;
 use super::epoch::Ticker;
+use super::error::one_line;
 use super::host::{HostState, HttpMetrics};
 use super::instance::{Plugin, PluginPre};
-use super::{Contract, EPOCH_TICK, MAX_LOG_MESSAGE, PluginError, PluginInfo, World};
+use super::{Contract, EPOCH_TICK, PluginError, PluginInfo, World};
 use crate::config::{SandboxConfig, defaults};
 use crate::ids::{PluginDigest, SubscriptionName};
 use crate::telemetry::Telemetry;
@@ -434,15 +435,6 @@ fn links(name: &str) -> bool {
                 .strip_prefix(family)
                 .is_some_and(|patch| patch.starts_with('.') && !patch.contains('-'))
     })
-}
-
-/// A wasmtime error as one line, cut to [`MAX_LOG_MESSAGE`]: a trap's
-/// message carries the guest's backtrace, whose function names and depth
-/// the guest chooses (82 KB lines were seen).
-pub(super) fn one_line(e: &wasmtime::Error) -> String {
-    let mut line = format!("{e:#}").replace('\n', " ");
-    crate::logging::cap(&mut line, MAX_LOG_MESSAGE);
-    line
 }
 
 #[cfg(test)]

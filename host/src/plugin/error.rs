@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::{Contract, World};
+use super::{Contract, MAX_LOG_MESSAGE, World};
 
 /// Why a plugin cannot be used. Each message is one line naming the file.
 #[derive(Debug, thiserror::Error)]
@@ -100,4 +100,13 @@ pub enum PluginError {
         /// What wasmtime said.
         reason: String,
     },
+}
+
+/// A wasmtime error as one line, cut to [`MAX_LOG_MESSAGE`]: a trap's
+/// message carries the guest's backtrace, whose function names and depth
+/// the guest chooses (82 KB lines were seen).
+pub(super) fn one_line(e: &wasmtime::Error) -> String {
+    let mut line = format!("{e:#}").replace('\n', " ");
+    crate::logging::cap(&mut line, MAX_LOG_MESSAGE);
+    line
 }

@@ -26,8 +26,8 @@ pub(super) use http::HttpMetrics;
 
 use crate::channel::Record;
 use crate::config::{Grants, SandboxConfig};
-use crate::dispatch::Output;
 use crate::ids::{LaneId, PluginDigest, SubscriptionName};
+use crate::outputs::Output;
 use crate::state::CallState;
 
 /// The record(s) being handled: the context of guest log lines, and what

@@ -10,8 +10,8 @@ use std::time::Duration;
 use wasmtime::{Engine, Store};
 
 use super::bindings::{v1, v2};
-use super::engine::one_line;
 use super::epoch::Ticker;
+use super::error::one_line;
 use super::host::{CallContext, HostState, HttpMetrics};
 use super::{Contract, PluginError, World};
 use crate::channel::Record;

@@ -21,10 +21,7 @@
 use std::collections::VecDeque;
 
 use crate::ids::Position;
-use crate::lease::Checkpoint;
-
-/// The position of a tracked record within its shard's reader session.
-pub(crate) type Offset = u64;
+use crate::progress::{Checkpoint, Offset};
 
 #[derive(Debug)]
 enum Entry {

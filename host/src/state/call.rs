@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::StateConfig;
 use super::codec::{KeyState, Value};
+use crate::config::StateConfig;
 use crate::ids::PartitionKey;
 
 /// One record's writes under its key: per name, the new value (`None`:

@@ -13,14 +13,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use super::StateMetrics;
 use super::call::{CallState, Delta, Slot};
 use super::codec::KeyState;
-use super::{StateConfig, StateMetrics};
 use crate::channel::Record;
+use crate::config::StateConfig;
 use crate::ids::{PartitionKey, Position, SessionId, ShardId, SubscriptionName};
-use crate::lease::{Checkpoint, LeaseError, LeaseStore, StateWrite};
-use crate::settlement::Ticket;
+use crate::lease::{CheckpointState, LeaseError, LeaseStore, StateWrite};
+use crate::progress::{Checkpoint, Ticket};
 
 /// Clean keys (no staged writes) kept per shard before a commit drops
 /// them: a dropped key is read from the store again at its next record.
@@ -47,24 +49,21 @@ struct ShardStage {
     bytes: usize,
     /// Acked records' writes by the record's position, in shard order.
     staged: BTreeMap<Position, Vec<(PartitionKey, Delta)>>,
+    /// The commit of the checkpoint being written, if any.
+    in_flight: Option<InFlight>,
 }
 
-/// What a checkpoint commits: the new state of every key written by a
-/// record it passes that an earlier commit did not cover.
-#[derive(Debug, Default)]
-pub struct Commit {
-    /// The writes, one per key, for the store.
-    pub writes: Vec<StateWrite>,
+/// The writes a checkpoint carries while it is being written: what the
+/// stage's committed state becomes once it lands.
+#[derive(Debug)]
+struct InFlight {
+    /// The checkpoint they go with.
+    checkpoint: Checkpoint,
+    /// The new state of every key written by a record the checkpoint
+    /// passes that an earlier commit did not cover.
     states: Vec<(PartitionKey, KeyState)>,
     /// The last staged position it covers.
     upto: Option<Position>,
-}
-
-impl Commit {
-    /// True when it writes nothing.
-    pub fn is_empty(&self) -> bool {
-        self.writes.is_empty()
-    }
 }
 
 /// The state stage of one subscription (module docs).
@@ -115,36 +114,6 @@ impl StateStage {
         f(&mut guard)
     }
 
-    /// The keeper took the shard's lease for `session`: its state starts
-    /// afresh from the store (another instance may have written it since
-    /// this one last held it).
-    pub fn open(&self, shard: &ShardId, session: SessionId) {
-        self.with(|shards| {
-            shards.insert(
-                shard.clone(),
-                ShardStage {
-                    session,
-                    keys: HashMap::new(),
-                    bytes: 0,
-                    staged: BTreeMap::new(),
-                },
-            );
-        });
-        self.report();
-    }
-
-    /// The shard's `session` ended (lease lost, released, handed over):
-    /// writes it staged and did not commit are dropped; its records are
-    /// read again from the checkpoint by whoever takes the lease next.
-    pub fn close(&self, shard: &ShardId, session: SessionId) {
-        self.with(|shards| {
-            if shards.get(shard).is_some_and(|s| s.session == session) {
-                shards.remove(shard);
-            }
-        });
-        self.report();
-    }
-
     /// The view of a call handling `records` (with their tickets, in call
     /// order): each distinct key's current state, read from the store when
     /// this session has not seen the key yet.
@@ -182,7 +151,7 @@ impl StateStage {
         }
         Ok(CallState::new(
             self.config.clone(),
-            crate::failure::now_ms(),
+            crate::clock::now_ms(),
             inputs,
             slots,
         ))
@@ -243,14 +212,63 @@ impl StateStage {
         });
     }
 
+    /// The subscription's state metrics.
+    pub fn metrics(&self) -> &StateMetrics {
+        &self.metrics
+    }
+
+    fn report(&self) {
+        let (keys, bytes) = self.with(|shards| {
+            shards.values().fold((0, 0), |(k, b), s| {
+                (k + s.keys.len() as u64, b + s.bytes as u64)
+            })
+        });
+        self.metrics.keys.set(keys);
+        self.metrics.bytes.set(bytes);
+    }
+}
+
+/// The keeper's side (see [`CheckpointState`]).
+impl CheckpointState for StateStage {
+    /// The keeper took the shard's lease for `session`: its state starts
+    /// afresh from the store (another instance may have written it since
+    /// this one last held it).
+    fn open(&self, shard: &ShardId, session: SessionId) {
+        self.with(|shards| {
+            shards.insert(
+                shard.clone(),
+                ShardStage {
+                    session,
+                    keys: HashMap::new(),
+                    bytes: 0,
+                    staged: BTreeMap::new(),
+                    in_flight: None,
+                },
+            );
+        });
+        self.report();
+    }
+
+    /// The shard's `session` ended (lease lost, released, handed over):
+    /// writes it staged and did not commit are dropped; its records are
+    /// read again from the checkpoint by whoever takes the lease next.
+    fn close(&self, shard: &ShardId, session: SessionId) {
+        self.with(|shards| {
+            if shards.get(shard).is_some_and(|s| s.session == session) {
+                shards.remove(shard);
+            }
+        });
+        self.report();
+    }
+
     /// The state writes that go with checkpoint `upto` of `shard` in
     /// `session`: each key written by a staged record at or before it, in
     /// its state after the last such record. Empty for a session no
     /// longer current.
-    pub fn commit(&self, shard: &ShardId, session: SessionId, upto: &Checkpoint) -> Commit {
+    fn commit(&self, shard: &ShardId, session: SessionId, upto: &Checkpoint) -> Vec<StateWrite> {
         self.with(|shards| {
-            let Some(stage) = shards.get(shard).filter(|s| s.session == session) else {
-                return Commit::default();
+            let Some(stage) = shards.get_mut(shard).filter(|s| s.session == session) else {
+                return Vec::new();
             };
             let mut states: BTreeMap<&PartitionKey, KeyState> = BTreeMap::new();
             let mut last = None;
@@ -265,32 +283,39 @@ impl StateStage {
                 }
                 last = Some(position.clone());
             }
-            let now = crate::failure::now_ms();
-            let mut commit = Commit {
-                upto: last,
-                ..Commit::default()
-            };
+            let now = crate::clock::now_ms();
+            let mut writes = Vec::with_capacity(states.len());
+            let mut committed = Vec::with_capacity(states.len());
             for (key, mut state) in states {
                 state.drop_expired(now);
-                commit.writes.push(StateWrite {
+                writes.push(StateWrite {
                     key: key.clone(),
                     state: (!state.is_empty()).then(|| state.encode()),
                 });
-                commit.states.push((key.clone(), state));
+                committed.push((key.clone(), state));
             }
-            commit
+            stage.in_flight = Some(InFlight {
+                checkpoint: upto.clone(),
+                states: committed,
+                upto: last,
+            });
+            writes
         })
     }
 
-    /// `commit` is durable with its checkpoint: its keys' committed state
-    /// moves on, and clean keys beyond the cache's size are dropped.
-    pub fn committed(&self, shard: &ShardId, session: SessionId, commit: Commit) {
-        let Some(upto) = commit.upto else {
-            return;
-        };
-        self.with(|shards| {
-            let Some(stage) = shards.get_mut(shard).filter(|s| s.session == session) else {
-                return;
+    /// The checkpoint is durable with the writes of its commit: their keys'
+    /// committed state moves on, and clean keys beyond the cache's size are
+    /// dropped.
+    fn committed(&self, shard: &ShardId, session: SessionId, upto: &Checkpoint, took: Duration) {
+        let landed = self.with(|shards| {
+            let stage = shards.get_mut(shard).filter(|s| s.session == session)?;
+            let commit = stage.in_flight.take_if(|c| c.checkpoint == *upto)?;
+            if commit.states.is_empty() {
+                return None;
+            }
+            let writes = commit.states.len();
+            let Some(upto) = commit.upto else {
+                return Some(writes);
             };
             let rest = match stage.staged.keys().find(|p| **p > upto).cloned() {
                 Some(next) => stage.staged.split_off(&next),
@@ -320,23 +345,13 @@ impl StateStage {
                 });
                 stage.bytes -= dropped;
             }
+            Some(writes)
         });
-        self.report();
-    }
-
-    /// The subscription's state metrics.
-    pub fn metrics(&self) -> &StateMetrics {
-        &self.metrics
-    }
-
-    fn report(&self) {
-        let (keys, bytes) = self.with(|shards| {
-            shards.values().fold((0, 0), |(k, b), s| {
-                (k + s.keys.len() as u64, b + s.bytes as u64)
-            })
-        });
-        self.metrics.keys.set(keys);
-        self.metrics.bytes.set(bytes);
+        if let Some(writes) = landed {
+            self.metrics.commit_seconds.observe_duration(took);
+            self.metrics.writes.observe(writes as f64);
+            self.report();
+        }
     }
 }
 
@@ -432,13 +447,10 @@ mod tests {
         // Reads see every staged write at once.
         assert_eq!(add(&stage, 4, "a", 1).await, 8);
 
-        let commit = stage.commit(&shard, SessionId(1), &at(3));
-        assert_eq!(commit.writes.len(), 2, "one write per key, not per record");
-        let held = store
-            .checkpoint(&held, &at(3), &commit.writes)
-            .await
-            .unwrap();
-        stage.committed(&shard, SessionId(1), commit);
+        let writes = stage.commit(&shard, SessionId(1), &at(3));
+        assert_eq!(writes.len(), 2, "one write per key, not per record");
+        let held = store.checkpoint(&held, &at(3), &writes).await.unwrap();
+        stage.committed(&shard, SessionId(1), &at(3), Duration::ZERO);
         assert_eq!(stored_total(&store, "a").await.as_deref(), Some("7"));
         assert_eq!(stored_total(&store, "b").await.as_deref(), Some("1"));
         // What the stage holds, reported at the commit: two keys, each one
@@ -449,13 +461,10 @@ mod tests {
 
         // Nothing new up to 3; record 4 goes with the next checkpoint.
         assert!(stage.commit(&shard, SessionId(1), &at(3)).is_empty());
-        let commit = stage.commit(&shard, SessionId(1), &at(4));
-        assert_eq!(commit.writes.len(), 1);
-        store
-            .checkpoint(&held, &at(4), &commit.writes)
-            .await
-            .unwrap();
-        stage.committed(&shard, SessionId(1), commit);
+        let writes = stage.commit(&shard, SessionId(1), &at(4));
+        assert_eq!(writes.len(), 1);
+        store.checkpoint(&held, &at(4), &writes).await.unwrap();
+        stage.committed(&shard, SessionId(1), &at(4), Duration::ZERO);
         assert_eq!(stored_total(&store, "a").await.as_deref(), Some("8"));
     }
 
@@ -464,12 +473,9 @@ mod tests {
         let (store, stage, held) = setup().await;
         let shard = ShardId::from(SHARD);
         add(&stage, 1, "a", 5).await;
-        let commit = stage.commit(&shard, SessionId(1), &at(1));
-        store
-            .checkpoint(&held, &at(1), &commit.writes)
-            .await
-            .unwrap();
-        stage.committed(&shard, SessionId(1), commit);
+        let writes = stage.commit(&shard, SessionId(1), &at(1));
+        store.checkpoint(&held, &at(1), &writes).await.unwrap();
+        stage.committed(&shard, SessionId(1), &at(1), Duration::ZERO);
         // Staged, never committed: lost with the session (the lease went).
         add(&stage, 2, "a", 100).await;
         stage.close(&shard, SessionId(1));
@@ -502,29 +508,38 @@ mod tests {
         let (store, stage, held) = setup().await;
         let shard = ShardId::from(SHARD);
         add(&stage, 1, "a", 5).await;
-        let commit = stage.commit(&shard, SessionId(1), &at(1));
+        let writes = stage.commit(&shard, SessionId(1), &at(1));
         // The lease changed hands: the write is refused, state and all.
         let stale = HeldLease {
             counter: held.counter + 7,
             ..held.clone()
         };
-        assert!(
-            store
-                .checkpoint(&stale, &at(1), &commit.writes)
-                .await
-                .is_err()
-        );
+        assert!(store.checkpoint(&stale, &at(1), &writes).await.is_err());
         assert_eq!(stored_total(&store, "a").await, None);
-        drop(commit);
+        drop(writes);
         // Tried again, the same writes go.
-        let commit = stage.commit(&shard, SessionId(1), &at(1));
-        assert_eq!(commit.writes.len(), 1);
-        store
-            .checkpoint(&held, &at(1), &commit.writes)
-            .await
-            .unwrap();
-        stage.committed(&shard, SessionId(1), commit);
+        let writes = stage.commit(&shard, SessionId(1), &at(1));
+        assert_eq!(writes.len(), 1);
+        store.checkpoint(&held, &at(1), &writes).await.unwrap();
+        stage.committed(&shard, SessionId(1), &at(1), Duration::ZERO);
         assert_eq!(stored_total(&store, "a").await.as_deref(), Some("5"));
+    }
+
+    /// Catches a stage that applies whatever is in flight on any landing:
+    /// the keeper's report of another checkpoint must not move the
+    /// committed state (the writes would then never be written).
+    #[tokio::test]
+    async fn only_the_landing_of_the_checkpoint_in_flight_moves_the_committed_state() {
+        let (_store, stage, _held) = setup().await;
+        let shard = ShardId::from(SHARD);
+        add(&stage, 1, "a", 5).await;
+        assert_eq!(stage.commit(&shard, SessionId(1), &at(1)).len(), 1);
+        stage.committed(&shard, SessionId(1), &at(2), Duration::ZERO);
+        stage.committed(&shard, SessionId(2), &at(1), Duration::ZERO);
+        // Nothing landed: the same write is still due.
+        assert_eq!(stage.commit(&shard, SessionId(1), &at(1)).len(), 1);
+        stage.committed(&shard, SessionId(1), &at(1), Duration::ZERO);
+        assert!(stage.commit(&shard, SessionId(1), &at(1)).is_empty());
     }
 
     #[test]

@@ -217,7 +217,7 @@ pub(crate) async fn run(telemetry: Arc<Telemetry>, config: EmfConfig, stop: Canc
             _ = tick.tick() => false,
             _ = stop.cancelled() => true,
         };
-        let documents = writer.documents(&telemetry.render(), crate::failure::now_ms());
+        let documents = writer.documents(&telemetry.render(), crate::clock::now_ms());
         if let Err(e) = write(&config.to, &documents) {
             tracing::warn!(error = %e, to = ?config.to, "cannot write EMF metrics");
         }

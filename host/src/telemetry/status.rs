@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use super::Counter;
 use crate::ids::{OwnerId, ShardId};
-use crate::lease::Checkpoint;
+use crate::progress::Checkpoint;
 
 /// Where a shard stands, as this instance sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -249,7 +249,7 @@ impl SubscriptionStatus {
         update(status);
         if status.owner != before && (known || status.state == ShardState::Opening) {
             let change = LeaseChange {
-                at_ms: crate::failure::now_ms(),
+                at_ms: crate::clock::now_ms(),
                 shard: shard.clone(),
                 from: before,
                 to: status.owner.clone(),

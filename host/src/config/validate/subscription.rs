@@ -14,9 +14,9 @@ use super::super::{
     defaults,
 };
 use super::Validator;
+use crate::config::StateConfig;
 use crate::ids::{StreamName, SubscriptionName};
-use crate::state::StateConfig;
-use crate::swap::KeySlice;
+use crate::key_slice::KeySlice;
 
 /// The checks of `subscription[i]`, each naming its key under that prefix.
 pub(super) struct Subscription<'a, 'f> {

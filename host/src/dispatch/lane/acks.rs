@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::settlement::{SettlementMsg, Ticket};
+use crate::settlement::SettlementMsg;
+
+use crate::progress::Ticket;
 
 /// Most lone acks a lane holds before it sends them.
 pub(super) const ACKS_PER_MESSAGE: usize = 32;

@@ -17,8 +17,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::dispatch::Output;
-use crate::settlement::Ticket;
+use crate::outputs::Output;
+use crate::progress::Ticket;
 
 /// A call's outputs, taken input by input in index order.
 pub(super) struct OutputsByInput {

@@ -74,10 +74,11 @@ pub(super) fn forbid_dependent_acks(outcomes: &mut [Outcome], state: &CallState)
 mod tests {
     use super::*;
     use crate::channel::Record;
+    use crate::config::StateConfig;
     use crate::ids::{PartitionKey, SequenceNumber, SessionId, ShardId, StreamName};
     use crate::lease::memory::MemoryLeaseStore;
-    use crate::settlement::Ticket;
-    use crate::state::{StateConfig, StateMetrics};
+    use crate::progress::Ticket;
+    use crate::state::StateMetrics;
     use crate::telemetry::Telemetry;
 
     /// A call over records of `keys` in which the inputs in `writers`

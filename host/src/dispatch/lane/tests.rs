@@ -21,7 +21,8 @@ use crate::ids::{
     LaneId, PartitionKey, PluginDigest, SequenceNumber, SessionId, ShardId, StreamName,
 };
 use crate::kinesis::KinesisError;
-use crate::settlement::{SettlementMsg, Ticket};
+use crate::progress::Ticket;
+use crate::settlement::SettlementMsg;
 use crate::state::CallState;
 use crate::telemetry::Telemetry;
 

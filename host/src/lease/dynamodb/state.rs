@@ -74,7 +74,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::{CHECKPOINT, COUNTER, DynamoDbLeaseStore, GROUP, OWNER, SHARD, failed, group, s};
 use crate::ids::{PartitionKey, SubscriptionName};
-use crate::lease::{Checkpoint, HeldLease, LeaseError, StateWrite};
+use crate::lease::{HeldLease, LeaseError, StateWrite};
+use crate::progress::Checkpoint;
 
 const STATE: &str = "state";
 const VERSION: &str = "version";
@@ -331,7 +332,7 @@ impl DynamoDbLeaseStore {
             "{}:{}:{}:{}",
             held.owner,
             held.counter,
-            crate::failure::now_ms(),
+            crate::clock::now_ms(),
             TAGS.fetch_add(1, Ordering::Relaxed)
         );
         for (i, keys) in manifest_chunks(writes).into_iter().enumerate() {

@@ -8,10 +8,8 @@ use tokio::time::Instant;
 
 use crate::ids::{OwnerId, SessionId, ShardId};
 use crate::kinesis::{KinesisError, ShardInfo};
-use crate::lease::{
-    Checkpoint, CheckpointRequest, HeldLease, Lease, LeaseError, LeaseStore, StateWrite,
-};
-use crate::state::Commit;
+use crate::lease::{CheckpointRequest, HeldLease, Lease, LeaseError, LeaseStore, StateWrite};
+use crate::progress::Checkpoint;
 
 /// A store call's answer, back from its task.
 pub(super) enum Io {
@@ -36,8 +34,8 @@ pub(super) enum Io {
     Checkpointed {
         /// What was written, for which session of the lease.
         request: CheckpointRequest,
-        /// The state written with it.
-        commit: Commit,
+        /// How many state writes went with it.
+        state_writes: usize,
         sent_at: Instant,
         result: Result<HeldLease, LeaseError>,
     },

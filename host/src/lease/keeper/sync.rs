@@ -12,7 +12,8 @@ use super::{Assignment, Holding, Keeper, SyncRound};
 use crate::config::StartPosition;
 use crate::ids::{OwnerId, SessionId, ShardId};
 use crate::kinesis::{HashKeyRange, KinesisError, ReadFrom, ShardInfo};
-use crate::lease::{Checkpoint, HeldLease, Lease, LeaseError};
+use crate::lease::{HeldLease, Lease, LeaseError};
+use crate::progress::Checkpoint;
 
 impl Keeper {
     /// Starts a sync: lists the stream's shards and the lease table in a

@@ -22,9 +22,8 @@ use crate::ids::{
 use crate::kinesis::{KinesisError, ReadFrom, ShardInfo};
 use crate::lease::StateWrite;
 use crate::lease::memory::MemoryLeaseStore;
-use crate::lease::{
-    Checkpoint, CheckpointRequest, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore,
-};
+use crate::lease::{CheckpointRequest, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
+use crate::progress::Checkpoint;
 use crate::telemetry::Telemetry;
 
 const LEASE: Duration = Duration::from_secs(10);

@@ -7,8 +7,8 @@ use tokio::time::Instant;
 use super::calls::{Io, bounded, checkpoint, renew};
 use super::{Assignment, Keeper, StopReason};
 use crate::ids::{SessionId, ShardId};
-use crate::lease::{Checkpoint, CheckpointRequest, HeldLease, LeaseError};
-use crate::state::Commit;
+use crate::lease::{CheckpointRequest, HeldLease, LeaseError};
+use crate::progress::Checkpoint;
 
 impl Keeper {
     /// A renewal round: every held lease renews at once, each in its own
@@ -99,18 +99,17 @@ impl Keeper {
             holding.writing = true;
             // The state writes of the records the checkpoint passes go in
             // the same write (see `crate::state`, "Commit protocol").
-            let commit = self
+            let writes = self
                 .state
                 .as_ref()
                 .map(|state| state.commit(shard, session, &point))
                 .unwrap_or_default();
             self.io.spawn(async move {
                 let sent_at = Instant::now();
-                let result =
-                    checkpoint(&*store, &owner, &lease, &point, &commit.writes, limit).await;
+                let result = checkpoint(&*store, &owner, &lease, &point, &writes, limit).await;
                 Io::Checkpointed {
                     request,
-                    commit,
+                    state_writes: writes.len(),
                     sent_at,
                     result,
                 }
@@ -258,7 +257,7 @@ impl Keeper {
     pub(super) fn on_checkpointed(
         &mut self,
         request: CheckpointRequest,
-        commit: Commit,
+        state_writes: usize,
         sent_at: Instant,
         result: Result<HeldLease, LeaseError>,
     ) {
@@ -273,16 +272,9 @@ impl Keeper {
         };
         match result {
             Ok(lease) => {
-                tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = %point, state_writes = commit.writes.len(), "checkpoint written");
-                if let Some(state) = &self.state
-                    && !commit.is_empty()
-                {
-                    state
-                        .metrics()
-                        .commit_seconds
-                        .observe_duration(sent_at.elapsed());
-                    state.metrics().writes.observe(commit.writes.len() as f64);
-                    state.committed(&shard, session, commit);
+                tracing::debug!(subscription = %self.subscription.name, shard_id = %shard, checkpoint = %point, state_writes, "checkpoint written");
+                if let Some(state) = &self.state {
+                    state.committed(&shard, session, &point, sent_at.elapsed());
                 }
                 self.status.checkpointed(&shard, &point);
                 if point == Checkpoint::ShardEnd {

@@ -4,8 +4,8 @@
 //! never a trap and never a silent drop.
 
 use super::HostState;
-use crate::dispatch::Output;
 use crate::ids::{PartitionKey, StreamName};
+use crate::outputs::Output;
 use crate::plugin::bindings::v2::outputs::{Host, PublishError};
 
 /// Most outputs one call may publish: ten per record of a full 500-record

@@ -25,7 +25,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::config::Config;
 use crate::ids::{OwnerId, Position, SequenceNumber, ShardId, StreamName, SubscriptionName};
-use crate::lease::{Checkpoint, LeaseKey};
+use crate::lease::LeaseKey;
+use crate::progress::Checkpoint;
 
 /// One shard's checkpoint as a KCL lease holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
