@@ -57,8 +57,8 @@ use crate::lease::{
     ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, CheckpointState, Keeper, LeaseStore,
 };
 use crate::outputs::{OutputStage, PUBLISH_QUEUE};
-use crate::reader::ReaderContext;
 use crate::reader::pool::ReaderPool;
+use crate::reader::{FanOut, ReaderContext};
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
 use crate::state::{StateMetrics, StateStage};
 use crate::swap::PluginSlot;
@@ -167,8 +167,11 @@ impl Pipeline {
             &telemetry,
         );
         let pool = ReaderPool::new(ReaderContext {
-            kinesis: kinesis.clone(),
-            fan_out,
+            reads: Arc::new(kinesis.clone()),
+            fan_out: fan_out.map(|consumer| FanOut {
+                kinesis: kinesis.clone(),
+                consumer,
+            }),
             subscription: sub.clone(),
             deliveries: deliveries_tx,
             settlement: settle_tx,

@@ -42,6 +42,7 @@ mod unpack;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -50,8 +51,8 @@ use tracing::Instrument;
 use crate::backoff::Backoff;
 use crate::channel::{Delivery, DeliverySender};
 use crate::config::SubscriptionConfig;
-use crate::ids::{Position, SessionId, ShardId};
-use crate::kinesis::{ConsumerArn, Fetched, HashKeyRange, Kinesis, KinesisError, ReadFrom};
+use crate::ids::{Position, SessionId, ShardId, StreamName};
+use crate::kinesis::{ConsumerArn, Fetched, HashKeyRange, Kinesis, KinesisError, Page, ReadFrom};
 use crate::progress::Ticket;
 use crate::settlement::{SettlementMsg, SettlementSender};
 use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry, spans};
@@ -61,14 +62,57 @@ const ERROR_BACKOFF_INITIAL: Duration = Duration::from_millis(200);
 /// Longest wait between attempts of a failing call.
 const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
+/// What a reader asks of Kinesis to read a shard by polling (and the
+/// fan-out reader, to tell a shard's end): the reader's seam, so that a
+/// unit test drives a reader with a scripted fake. [`Kinesis`] implements
+/// it with GetShardIterator and GetRecords.
+#[async_trait]
+pub(crate) trait ShardReads: Send + Sync {
+    /// An iterator into `shard` of `stream` at `from`.
+    async fn open_iterator(
+        &self,
+        stream: &StreamName,
+        shard: &ShardId,
+        from: &ReadFrom,
+    ) -> Result<String, KinesisError>;
+
+    /// Up to `limit` records at `iterator`, and where to read next.
+    async fn get_records(&self, iterator: &str, limit: i32) -> Result<Page, KinesisError>;
+}
+
+#[async_trait]
+impl ShardReads for Kinesis {
+    async fn open_iterator(
+        &self,
+        stream: &StreamName,
+        shard: &ShardId,
+        from: &ReadFrom,
+    ) -> Result<String, KinesisError> {
+        Kinesis::open_iterator(self, stream, shard, from).await
+    }
+
+    async fn get_records(&self, iterator: &str, limit: i32) -> Result<Page, KinesisError> {
+        Kinesis::get_records(self, iterator, limit).await
+    }
+}
+
+/// Where a fan-out reader subscribes: Kinesis and the stream consumer.
+#[derive(Clone)]
+pub(crate) struct FanOut {
+    /// Kinesis (SubscribeToShard).
+    pub kinesis: Kinesis,
+    /// The stream consumer.
+    pub consumer: ConsumerArn,
+}
+
 /// What every reader of a subscription shares.
 #[derive(Clone)]
 pub(crate) struct ReaderContext {
-    /// Kinesis.
-    pub kinesis: Kinesis,
+    /// Iterators and GetRecords.
+    pub reads: Arc<dyn ShardReads>,
     /// The stream consumer to subscribe through (enhanced fan-out);
     /// `None`: poll.
-    pub fan_out: Option<ConsumerArn>,
+    pub fan_out: Option<FanOut>,
     /// The subscription.
     pub subscription: Arc<SubscriptionConfig>,
     /// The subscription channel.
@@ -300,8 +344,8 @@ impl ShardReader {
             return ReaderExit::Cancelled;
         }
         let mut reading = Reading::new(&self.ctx, &self.shard);
-        if let Some(consumer) = self.ctx.fan_out.clone() {
-            return self.subscribe_loop(&consumer, &mut reading).await;
+        if let Some(fan_out) = self.ctx.fan_out.clone() {
+            return self.subscribe_loop(&fan_out, &mut reading).await;
         }
         loop {
             if let Some(next) = reading.pace.next_read()
@@ -360,7 +404,7 @@ impl ShardReader {
         reading.pace.sent(Instant::now());
         let read = self
             .ctx
-            .kinesis
+            .reads
             .get_records(&current, self.ctx.subscription.read_limit)
             .instrument(span.clone());
         let page = tokio::select! {
@@ -460,7 +504,7 @@ impl ShardReader {
     /// Opens a shard iterator at the reader's position; `None` when
     /// cancelled meanwhile.
     async fn open_iterator(&self) -> Option<Result<String, KinesisError>> {
-        let open = self.ctx.kinesis.open_iterator(
+        let open = self.ctx.reads.open_iterator(
             &self.ctx.subscription.stream,
             &self.shard,
             &self.position,
@@ -598,3 +642,6 @@ impl ShardReader {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -17,12 +17,12 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, LeaseBackend, OnFailure, ReadMode, SubscriptionConfig, defaults};
-use crate::ids::{OwnerId, StreamName};
-use crate::kinesis::{self, Kinesis, KinesisError};
+use crate::ids::{OwnerId, StreamName, SubscriptionName};
+use crate::kinesis::{self, ConsumerArn, Kinesis, KinesisError};
 use crate::lease::LeaseStore;
 use crate::lease::dynamodb::DynamoDbLeaseStore;
 use crate::lease::file::FileLeaseStore;
@@ -169,10 +169,70 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let telemetry = Telemetry::new();
     let (plugins, loaded) = load(&config, Some(telemetry.clone()))?;
     let kinesis = Kinesis::connect(&config.aws).await;
+    let consumers = preflight(&kinesis, &loaded).await?;
+    let store = open_store(&config).await?;
+    let owner = config
+        .lease
+        .owner_id
+        .clone()
+        .map(OwnerId::new)
+        .unwrap_or_else(default_owner_id);
+    tracing::info!(owner = %owner, subscriptions = loaded.len(), "shardlane running");
+    let shared = Shared {
+        config: &config,
+        plugins,
+        kinesis,
+        store,
+        owner,
+        telemetry: telemetry.clone(),
+    };
+    let (slots, pipelines) = start_pipelines(&shared, loaded, consumers);
+    let ops_stop = CancellationToken::new();
+    let state = Arc::new(OpsState {
+        telemetry: telemetry.clone(),
+        slots,
+        token: config.admin.token.clone(),
+    });
+    let servers = listen(&config, &state, &ops_stop).await?;
+    let emf = config.emf.clone().map(|emf| {
+        tracing::info!(to = ?emf.to, every = ?emf.every, namespace = %emf.namespace, "writing metrics as CloudWatch EMF");
+        tokio::spawn(crate::telemetry::emf::run(
+            telemetry.clone(),
+            emf,
+            ops_stop.clone(),
+        ))
+    });
+
+    shutdown.await;
+    tracing::info!("shutting down: stopping readers, draining in-flight records");
+    let failed = stop_pipelines(pipelines).await;
+    ops_stop.cancel();
+    for server in servers {
+        let _ = server.await;
+    }
+    if let Some(emf) = emf {
+        // Its last documents carry what the drain counted.
+        let _ = emf.await;
+    }
+    tracing::info!("shardlane stopped");
+    anyhow::ensure!(!failed, "a pipeline task failed during the run");
+    Ok(())
+}
+
+/// Before anything is read: every stream a subscription names (its own,
+/// its dead-letter stream, its outputs) exists, and each fan-out
+/// subscription's stream consumer is registered. Returns the consumers.
+///
+/// # Errors
+/// The first that fails, naming the subscription and the config key.
+async fn preflight(
+    kinesis: &Kinesis,
+    loaded: &[LoadedSubscription],
+) -> anyhow::Result<BTreeMap<SubscriptionName, ConsumerArn>> {
     let mut consumers = BTreeMap::new();
     for (i, sub) in loaded.iter().map(|l| &l.config).enumerate() {
         let context = || format!("subscription[{i}] ({})", sub.name);
-        check_stream(&kinesis, &sub.stream, "stream")
+        check_stream(kinesis, &sub.stream, "stream")
             .await
             .with_context(context)?;
         if let ReadMode::FanOut { consumer } = &sub.read {
@@ -185,25 +245,36 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             consumers.insert(sub.name.clone(), arn);
         }
         if let OnFailure::DeadLetter(dlq) = &sub.failure.on_failure {
-            check_stream(&kinesis, dlq, "dead_letter_stream")
+            check_stream(kinesis, dlq, "dead_letter_stream")
                 .await
                 .with_context(context)?;
         }
         for output in &sub.sandbox.grants.outputs {
-            check_stream(&kinesis, output, "outputs")
+            check_stream(kinesis, output, "outputs")
                 .await
                 .with_context(context)?;
         }
     }
-    let store = open_store(&config).await?;
-    let owner = config
-        .lease
-        .owner_id
-        .clone()
-        .map(OwnerId::new)
-        .unwrap_or_else(default_owner_id);
-    tracing::info!(owner = %owner, subscriptions = loaded.len(), "shardlane running");
+    Ok(consumers)
+}
 
+/// What every pipeline of the process shares.
+struct Shared<'a> {
+    config: &'a Config,
+    plugins: PluginHost,
+    kinesis: Kinesis,
+    store: Arc<dyn LeaseStore>,
+    owner: OwnerId,
+    telemetry: Arc<Telemetry>,
+}
+
+/// Starts a pipeline per subscription, each with its plugin slot; returns
+/// the slots by subscription (for the admin API) and the pipelines.
+fn start_pipelines(
+    shared: &Shared<'_>,
+    loaded: Vec<LoadedSubscription>,
+    mut consumers: BTreeMap<SubscriptionName, ConsumerArn>,
+) -> (BTreeMap<SubscriptionName, Arc<PluginSlot>>, Vec<Pipeline>) {
     let mut slots = BTreeMap::new();
     let mut pipelines = Vec::new();
     for LoadedSubscription {
@@ -212,14 +283,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         canary,
     } in loaded
     {
-        let status = telemetry.subscription(&sub.name, sub.mode());
+        let status = shared.telemetry.subscription(&sub.name, sub.mode());
         let mut slot = PluginSlot::new(
-            plugins.clone(),
+            shared.plugins.clone(),
             plugin,
             sub.handler_timeout,
             sub.sandbox.clone(),
             status,
-            telemetry.clone(),
+            shared.telemetry.clone(),
         );
         if let (Some(candidate), Some(canary)) = (canary, &sub.canary) {
             slot = slot.with_canary(candidate, canary.slice);
@@ -230,19 +301,27 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             fan_out: consumers.remove(&sub.name),
             subscription: sub,
             slot,
-            kinesis: kinesis.clone(),
-            store: store.clone(),
-            lease: config.lease.clone(),
-            owner: owner.clone(),
-            telemetry: telemetry.clone(),
+            kinesis: shared.kinesis.clone(),
+            store: shared.store.clone(),
+            lease: shared.config.lease.clone(),
+            owner: shared.owner.clone(),
+            telemetry: shared.telemetry.clone(),
         }));
     }
-    let ops_stop = CancellationToken::new();
-    let state = Arc::new(OpsState {
-        telemetry: telemetry.clone(),
-        slots,
-        token: config.admin.token.clone(),
-    });
+    (slots, pipelines)
+}
+
+/// Binds the operations listeners the config asks for (one serving
+/// everything, or metrics and admin apart) and serves them until
+/// `ops_stop`.
+///
+/// # Errors
+/// An address that cannot be bound, naming its config key.
+async fn listen(
+    config: &Config,
+    state: &Arc<OpsState>,
+    ops_stop: &CancellationToken,
+) -> anyhow::Result<Vec<JoinHandle<()>>> {
     let listeners = match config.admin.metrics_listen {
         None => vec![("admin", "admin.listen", config.admin.listen, Routes::All)],
         Some(metrics) => vec![
@@ -265,18 +344,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             ops_stop.clone(),
         )));
     }
+    Ok(servers)
+}
 
-    let emf = config.emf.clone().map(|emf| {
-        tracing::info!(to = ?emf.to, every = ?emf.every, namespace = %emf.namespace, "writing metrics as CloudWatch EMF");
-        tokio::spawn(crate::telemetry::emf::run(
-            telemetry.clone(),
-            emf,
-            ops_stop.clone(),
-        ))
-    });
-
-    shutdown.await;
-    tracing::info!("shutting down: stopping readers, draining in-flight records");
+/// Shuts every pipeline down in its order, side by side; true when one of
+/// their tasks failed.
+async fn stop_pipelines(pipelines: Vec<Pipeline>) -> bool {
     let mut stopping = JoinSet::new();
     for pipeline in pipelines {
         stopping.spawn(pipeline.shutdown());
@@ -285,17 +358,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     while let Some(stopped) = stopping.join_next().await {
         failed |= !stopped.unwrap_or(false);
     }
-    ops_stop.cancel();
-    for server in servers {
-        let _ = server.await;
-    }
-    if let Some(emf) = emf {
-        // Its last documents carry what the drain counted.
-        let _ = emf.await;
-    }
-    tracing::info!("shardlane stopped");
-    anyhow::ensure!(!failed, "a pipeline task failed during the run");
-    Ok(())
+    failed
 }
 
 /// Opens the configured lease store.

@@ -24,9 +24,9 @@
 
 use std::time::Duration;
 
-use super::{ReaderExit, Reading, ShardReader};
+use super::{FanOut, ReaderExit, Reading, ShardReader};
 use crate::ids::Position;
-use crate::kinesis::{ConsumerArn, KinesisError, ReadFrom};
+use crate::kinesis::{KinesisError, ReadFrom};
 use crate::settlement::SettlementMsg;
 
 /// A subscription that sends no event for this long is replaced (Kinesis
@@ -37,11 +37,11 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
 const PROBE_AFTER: Duration = Duration::from_secs(10);
 
 impl ShardReader {
-    /// Reads the shard through `consumer` until cancelled or the shard
+    /// Reads the shard through `fan_out` until cancelled or the shard
     /// ends (module docs).
     pub(super) async fn subscribe_loop(
         &mut self,
-        consumer: &ConsumerArn,
+        fan_out: &FanOut,
         reading: &mut Reading,
     ) -> ReaderExit {
         let sub = self.ctx.subscription.name.clone();
@@ -49,10 +49,10 @@ impl ShardReader {
             if self.lease_valid().await.is_none() {
                 return ReaderExit::Cancelled;
             }
-            let subscribe = self
-                .ctx
-                .kinesis
-                .subscribe(consumer, &self.shard, &self.position);
+            let subscribe =
+                fan_out
+                    .kinesis
+                    .subscribe(&fan_out.consumer, &self.shard, &self.position);
             let subscribed = tokio::select! {
                 _ = self.cancel.cancelled() => return ReaderExit::Cancelled,
                 r = subscribe => r,
@@ -179,10 +179,10 @@ impl ShardReader {
         let probe = async {
             let iterator = self
                 .ctx
-                .kinesis
+                .reads
                 .open_iterator(&self.ctx.subscription.stream, &self.shard, &self.position)
                 .await?;
-            self.ctx.kinesis.get_records(&iterator, 1).await
+            self.ctx.reads.get_records(&iterator, 1).await
         };
         let page = tokio::select! {
             _ = self.cancel.cancelled() => return false,
