@@ -17,19 +17,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use shardlane::bench::{
-    CallError, Delivery, Dispatcher, Handled, Handler, HandlerFactory, KinesisError, Outcome,
-    Output, OutputStage, PUBLISH_QUEUE, Policy, Publish, PutRecords, Record, SETTLEMENT_QUEUE,
-    Settlement, SettlementMsg, Telemetry, Ticket, channel,
+    BatchConfig, CallError, CallState, Delivery, DispatchMode, Dispatcher, FailurePolicy, Grants,
+    Handled, Handler, HandlerFactory, KinesisError, LaneId, OnFailure, Outcome, Output,
+    OutputStage, PUBLISH_QUEUE, Policy, Position, Publish, PutRecords, ReadMode, Record,
+    SETTLEMENT_QUEUE, SandboxConfig, SequenceNumber, SessionId, Settlement, SettlementMsg,
+    StartPosition, SubscriptionConfig, Telemetry, Ticket, channel,
 };
-use shardlane::config::{
-    BatchConfig, DispatchMode, FailurePolicy, Grants, OnFailure, ReadMode, SandboxConfig,
-    StartPosition, SubscriptionConfig, defaults,
-};
-use shardlane::ids::{
-    LaneId, PartitionKey, Position, SequenceNumber, SessionId, ShardId, StreamName,
-};
-use shardlane::plugin::PluginHost;
-use shardlane::state::CallState;
+use shardlane::{PartitionKey, PluginHost, ShardId, StreamName, defaults};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -519,7 +513,7 @@ fn main() -> anyhow::Result<()> {
 /// and with the span target filtered out.
 fn span_cost(
     runtime: &tokio::runtime::Runtime,
-    noop: &Arc<shardlane::plugin::Plugin>,
+    noop: &Arc<shardlane::bench::Plugin>,
 ) -> anyhow::Result<()> {
     const COUNT: usize = 200_000;
     let sub = subscription(DispatchMode::Sequential, None);
@@ -562,7 +556,7 @@ fn span_cost(
 /// pre-instantiated component, and per-record cost through `handle` (echo)
 /// and `handle-batch` of 500 (batch-sum).
 fn languages(runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
-    use shardlane::plugin::CompileCache;
+    use shardlane::bench::CompileCache;
     use shardlane_testkit::{Language, build_examples};
     const INSTANCES: u32 = 200;
     const CALLS: u32 = 20_000;

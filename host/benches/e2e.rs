@@ -352,15 +352,15 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
             quiet * 100.0,
         );
     }
-    let defaults = &shardlane::config::defaults::POLL_IDLE;
+    let defaults = &shardlane::defaults::POLL_IDLE;
     println!(
         "    one empty GetRecords costs the bare SDK {:.0} µs of CPU: {SHARDS} shards polled every {:?} (the default poll_idle) would cost it {:.3} % of a core, every {:?} (poll_idle_max) {:.3} %",
         empty_poll.as_secs_f64() * 1e6,
         defaults,
         empty_poll.as_secs_f64() * f64::from(SHARDS) / defaults.as_secs_f64() * 100.0,
-        shardlane::config::defaults::POLL_IDLE_MAX,
+        shardlane::defaults::POLL_IDLE_MAX,
         empty_poll.as_secs_f64() * f64::from(SHARDS)
-            / shardlane::config::defaults::POLL_IDLE_MAX.as_secs_f64()
+            / shardlane::defaults::POLL_IDLE_MAX.as_secs_f64()
             * 100.0
     );
     Ok(())

@@ -73,7 +73,8 @@ pub struct Record {
 
 /// A record on its way to a handler, with the ticket that settles it.
 #[derive(Debug, Clone)]
-pub struct Delivery {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct Delivery {
     /// The record.
     pub record: Arc<Record>,
     /// Where it settles.
@@ -91,21 +92,23 @@ struct Room {
 
 /// The sending half, one clone per reader.
 #[derive(Debug, Clone)]
-pub struct DeliverySender {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct DeliverySender {
     tx: async_channel::Sender<Delivery>,
     room: Arc<Room>,
 }
 
 impl DeliverySender {
     /// Puts `delivery` in a free slot, or gives it back: full or closed.
-    pub fn try_send(&self, delivery: Delivery) -> Result<(), TrySendError<Delivery>> {
+    pub(crate) fn try_send(&self, delivery: Delivery) -> Result<(), TrySendError<Delivery>> {
         self.tx.try_send(delivery)
     }
 
     /// Puts `delivery` in the channel, waiting while it is full until it
     /// has drained to half (module docs). Cancel-safe: dropped while
     /// waiting, it has sent nothing.
-    pub async fn send(&self, mut delivery: Delivery) -> Result<(), SendError<Delivery>> {
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+    pub(crate) async fn send(&self, mut delivery: Delivery) -> Result<(), SendError<Delivery>> {
         loop {
             // Most sends find room: no waiter registered for them.
             delivery = match self.offer(delivery) {
@@ -138,7 +141,8 @@ impl DeliverySender {
 /// The receiving half, owned by the dispatch stage. Multi-consumer: in
 /// `workers` mode every lane takes from it directly.
 #[derive(Debug, Clone)]
-pub struct DeliveryReceiver {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct DeliveryReceiver {
     rx: async_channel::Receiver<Delivery>,
     room: Arc<Room>,
     /// At or below this many, waiting senders are woken.
@@ -147,7 +151,7 @@ pub struct DeliveryReceiver {
 
 impl DeliveryReceiver {
     /// The next delivery; an error once the channel is closed and empty.
-    pub async fn recv(&self) -> Result<Delivery, RecvError> {
+    pub(crate) async fn recv(&self) -> Result<Delivery, RecvError> {
         let delivery = self.rx.recv().await?;
         if self.rx.len() <= self.low_water
             && self.room.waiting.load(Ordering::SeqCst)
@@ -159,7 +163,7 @@ impl DeliveryReceiver {
     }
 
     /// Deliveries waiting.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.rx.len()
     }
 }
@@ -193,7 +197,8 @@ pub(crate) fn bounded(capacity: usize) -> (DeliverySender, DeliveryReceiver) {
 }
 
 /// Creates a subscription's channel.
-pub fn channel() -> (DeliverySender, DeliveryReceiver) {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) fn channel() -> (DeliverySender, DeliveryReceiver) {
     bounded(CHANNEL_CAPACITY)
 }
 

@@ -29,7 +29,7 @@ mod overrides;
 mod raw;
 mod validate;
 
-pub use overrides::OVERRIDE_PREFIX;
+pub(crate) use overrides::OVERRIDE_PREFIX;
 use overrides::apply_override;
 use raw::RawConfig;
 use validate::Validator;
@@ -197,7 +197,7 @@ impl Default for AwsTimeouts {
 /// Which lease store backs leases and checkpoints (as written in config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum LeaseStoreKind {
+pub(crate) enum LeaseStoreKind {
     /// In this process only.
     Memory,
     /// An embedded database on local disk.
@@ -511,7 +511,7 @@ impl SubscriptionConfig {
 
 /// The default compile cache: `$XDG_CACHE_HOME/shardlane/components`, else
 /// `~/.cache/shardlane/components`; none when neither is known.
-pub fn default_cache_dir() -> Option<PathBuf> {
+pub(crate) fn default_cache_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -525,7 +525,7 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 
 /// Parses a size such as `"64MiB"`, `"512KiB"`, `"1GiB"`, `"100MB"`,
 /// `"1.5 GiB"` or a plain number of bytes (the `bytesize` crate's syntax).
-pub fn parse_size(value: &str) -> Option<usize> {
+pub(crate) fn parse_size(value: &str) -> Option<usize> {
     let size: bytesize::ByteSize = value.trim().parse().ok()?;
     usize::try_from(size.as_u64()).ok()
 }

@@ -62,8 +62,10 @@ mod handler;
 mod lane;
 pub(crate) mod routing;
 
-pub use crate::outputs::Output;
-pub use handler::{CallError, Handled, Handler, HandlerFactory, Outcome};
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) use crate::outputs::Output;
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) use handler::{CallError, Handled, Handler, HandlerFactory, Outcome};
 
 use std::sync::Arc;
 
@@ -86,7 +88,8 @@ use lane::{Lane, LaneMetrics};
 pub const LANE_INBOX: usize = 32;
 
 /// The dispatch stage of one subscription.
-pub struct Dispatcher<F> {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct Dispatcher<F> {
     subscription: Arc<SubscriptionConfig>,
     factory: Arc<F>,
     policy: Arc<Policy>,
@@ -102,7 +105,8 @@ impl<F: HandlerFactory> Dispatcher<F> {
     /// by `policy`, settling through `settlement`, and handing acked
     /// records with outputs to `publisher` (the output stage), which
     /// settles them once their outputs are put.
-    pub fn new(
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+    pub(crate) fn new(
         subscription: Arc<SubscriptionConfig>,
         factory: Arc<F>,
         policy: Policy,
@@ -124,7 +128,7 @@ impl<F: HandlerFactory> Dispatcher<F> {
     }
 
     /// Gives every lane the subscription's per-key state.
-    pub fn with_state(mut self, state: Option<Arc<StateStage>>) -> Self {
+    pub(crate) fn with_state(mut self, state: Option<Arc<StateStage>>) -> Self {
         self.state = state;
         self
     }
@@ -148,7 +152,8 @@ impl<F: HandlerFactory> Dispatcher<F> {
     }
 
     /// Runs until the channel is closed and drained, or `hard_stop`.
-    pub async fn run(self, deliveries: DeliveryReceiver, hard_stop: CancellationToken) {
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+    pub(crate) async fn run(self, deliveries: DeliveryReceiver, hard_stop: CancellationToken) {
         let mut lanes = JoinSet::new();
         match self.subscription.dispatch {
             DispatchMode::Sequential | DispatchMode::Workers(_) => {

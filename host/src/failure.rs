@@ -88,7 +88,7 @@ pub(crate) const MAX_RECORD_BYTES: usize = 1 << 20;
 /// What a lane does after a failed attempt. Giving up carries where the
 /// record goes, so the decision and its sink cannot disagree.
 #[derive(Clone, Copy)]
-pub enum Next<'a> {
+pub(crate) enum Next<'a> {
     /// Try again after a backoff.
     Retry,
     /// Out of attempts or age, but the policy blocks: try again anyway.
@@ -121,7 +121,8 @@ enum GiveUp {
 /// A subscription's failure policy, ready to apply: the config's
 /// [`FailurePolicy`] with its dead-letter sink in place.
 #[derive(Clone)]
-pub struct Policy {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct Policy {
     max_attempts: Option<u32>,
     max_record_age: Option<Duration>,
     give_up: GiveUp,
@@ -133,7 +134,8 @@ impl Policy {
     /// The policy `config` describes; `sink` makes the dead-letter sink
     /// for its `dead_letter_stream` (called only for `on_failure =
     /// "dead_letter"`).
-    pub fn new(
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+    pub(crate) fn new(
         config: &FailurePolicy,
         sink: impl FnOnce(&StreamName) -> Arc<dyn DeadLetterSink>,
     ) -> Self {
@@ -150,7 +152,7 @@ impl Policy {
     }
 
     /// The attempts a record may use, if limited.
-    pub fn max_attempts(&self) -> Option<u32> {
+    pub(crate) fn max_attempts(&self) -> Option<u32> {
         self.max_attempts
     }
 
@@ -164,7 +166,7 @@ impl Policy {
 
     /// After attempt number `attempt` failed (retry outcome, trap,
     /// timeout) on a record of age `age`.
-    pub fn after_failure(&self, attempt: u32, age: Option<Duration>) -> Next<'_> {
+    pub(crate) fn after_failure(&self, attempt: u32, age: Option<Duration>) -> Next<'_> {
         let out_of_attempts = self.max_attempts.is_some_and(|max| attempt >= max);
         let too_old = matches!((self.max_record_age, age), (Some(max), Some(age)) if age > max);
         if out_of_attempts || too_old {
@@ -175,7 +177,7 @@ impl Policy {
     }
 
     /// After the handler rejected a record: block does not apply.
-    pub fn after_reject(&self) -> Next<'_> {
+    pub(crate) fn after_reject(&self) -> Next<'_> {
         match &self.give_up {
             GiveUp::DeadLetter(sink) => Next::DeadLetter(&**sink),
             GiveUp::Block | GiveUp::Skip => Next::Skip,
@@ -185,7 +187,8 @@ impl Policy {
 
 /// Why a record is being dead-lettered, as its envelope tells it.
 #[derive(Debug, Clone, Copy)]
-pub struct LastFailure<'a> {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct LastFailure<'a> {
     /// The last failure (`rejected: …`, `retry: …`, a trap).
     pub reason: &'a str,
     /// Attempts used.
@@ -197,7 +200,8 @@ pub struct LastFailure<'a> {
 /// Where given-up records go: the dead-letter stream
 /// ([`DeadLetters`]), or a fake in tests.
 #[async_trait]
-pub trait DeadLetterSink: Send + Sync + 'static {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) trait DeadLetterSink: Send + Sync + 'static {
     /// The stream it puts to.
     fn stream(&self) -> &StreamName;
 
@@ -346,7 +350,8 @@ pub(crate) struct Envelope {
 
 /// A dead letter put.
 #[derive(Debug)]
-pub struct Put {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct Put {
     /// Its sequence number in the dead-letter stream.
     pub sequence: String,
     /// True when its envelope went without the data.

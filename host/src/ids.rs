@@ -100,7 +100,8 @@ fn fnv1a_64(bytes: &[u8]) -> u64 {
 /// that reads it: offsets of settlement restart with each, and results,
 /// tickets and checkpoint requests of an older session are ignored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SessionId(pub u64);
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct SessionId(pub u64);
 
 impl fmt::Display for SessionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

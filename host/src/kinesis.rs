@@ -95,7 +95,8 @@ pub(crate) async fn dynamodb_client(aws: &AwsConfig) -> aws_sdk_dynamodb::Client
 
 /// Why a Kinesis call failed, by the kind of failure the caller acts on.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum KinesisError {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) enum KinesisError {
     /// Over the stream's or account's throughput (or KMS's): back off and
     /// try again; a reader keeps its iterator.
     #[error("throttled: {0}")]
@@ -142,7 +143,7 @@ where
 
 /// Where a reader opens a shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReadFrom {
+pub(crate) enum ReadFrom {
     /// Right after this position (a checkpoint, or the last record handed
     /// out). Within a KPL aggregate the iterator opens *at* its sequence
     /// number and the reader skips the user records up to the position's
@@ -232,7 +233,7 @@ pub(crate) struct Page {
 
 /// A shard as ListShards describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardInfo {
+pub(crate) struct ShardInfo {
     /// Its id.
     pub id: ShardId,
     /// The shard it was split from, or one of the two it was merged from.
@@ -250,7 +251,7 @@ pub struct ShardInfo {
 /// belongs to the shard whose range holds the MD5 of its partition key (or
 /// its explicit hash key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HashKeyRange {
+pub(crate) struct HashKeyRange {
     /// The lowest hash key.
     pub start: u128,
     /// The highest hash key.
@@ -259,14 +260,14 @@ pub struct HashKeyRange {
 
 impl HashKeyRange {
     /// Whether `key` falls in the range.
-    pub fn contains(&self, key: u128) -> bool {
+    pub(crate) fn contains(&self, key: u128) -> bool {
         (self.start..=self.end).contains(&key)
     }
 }
 
 impl ShardInfo {
     /// Its parents, if any.
-    pub fn parents(&self) -> impl Iterator<Item = &ShardId> {
+    pub(crate) fn parents(&self) -> impl Iterator<Item = &ShardId> {
         self.parent.iter().chain(self.adjacent_parent.iter())
     }
 }

@@ -29,13 +29,13 @@
 //! ([`Assignment`]), renews on its own timer and writes the checkpoints
 //! settlement asks for ([`CheckpointRequest`]).
 
-pub mod dynamodb;
-pub mod file;
+pub(crate) mod dynamodb;
+pub(crate) mod file;
 mod keeper;
-pub mod memory;
+pub(crate) mod memory;
 mod planner;
 
-pub use keeper::{ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, Keeper, ShardSource, StopReason};
+pub(crate) use keeper::{ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, Keeper, StopReason};
 
 use std::fmt;
 use std::time::Duration;
@@ -47,7 +47,8 @@ use crate::progress::Checkpoint;
 
 /// A checkpoint for the lease keeper to write, as settlement asks for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckpointRequest {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct CheckpointRequest {
     /// The shard.
     pub shard: ShardId,
     /// The reader session whose records it covers: the keeper writes it
@@ -78,7 +79,7 @@ pub struct StateWrite {
 /// fenced write as each checkpoint (see `crate::state`, "Commit
 /// protocol"). Defined here and implemented one floor up by the state
 /// stage, so the keeper never names it (see "Layers" in the crate docs).
-pub trait CheckpointState: Send + Sync {
+pub(crate) trait CheckpointState: Send + Sync {
     /// The keeper took `shard`'s lease for reader `session`: its state
     /// starts afresh from the store.
     fn open(&self, shard: &ShardId, session: SessionId);

@@ -7,7 +7,7 @@
 //! and talks through typed, bounded channels. Records flow one way; what
 //! flows back carries no records: settlement's checkpoint requests to the
 //! keeper, and the keeper's calls into the state stage through the
-//! [`CheckpointState`](crate::lease::CheckpointState) seam it defines.
+//! `CheckpointState` seam it defines.
 //!
 //! ```text
 //!              assignments             deliveries (64)
@@ -73,9 +73,13 @@
 //! 12. commands: `commands`
 //!
 //! # Public surface
-//! Modules are private unless the binary, the end-to-end tests or the
-//! benches name them; what they need is re-exported here, so the compiler
-//! reports dead code elsewhere.
+//! Every module is private; what the binary, the end-to-end tests and the
+//! benches name is re-exported here, so the compiler reports dead code.
+//! The dispatch bench's view of the pipeline's insides is `bench` only
+//! with the `bench-internals` feature (which the crate's dev-dependency on
+//! itself turns on for benches and tests): in a plain build its items are
+//! `pub(crate)`, and `#![warn(unreachable_pub)]` plus dead-code warnings
+//! cover them too.
 
 #![warn(unreachable_pub)]
 
@@ -83,24 +87,24 @@ mod backoff;
 mod channel;
 mod clock;
 mod commands;
-pub mod config;
+mod config;
 mod dispatch;
 mod failure;
 mod files;
-pub mod ids;
+mod ids;
 mod key_slice;
 mod kinesis;
 mod kpl;
-pub mod lease;
-pub mod logging;
+mod lease;
+mod logging;
 mod ops;
 mod outputs;
 mod pipeline;
-pub mod plugin;
+mod plugin;
 mod progress;
 mod reader;
 mod settlement;
-pub mod state;
+mod state;
 mod supervisor;
 mod swap;
 mod telemetry;
@@ -111,10 +115,16 @@ mod layers;
 
 pub use channel::CHANNEL_CAPACITY;
 pub use commands::{Imported, deregister_consumer, import_kcl, state_get};
+pub use config::{Config, defaults};
 pub use dispatch::LANE_INBOX;
 pub use dispatch::routing::lane_for;
 pub use files::MAX_PLUGIN_BYTES;
+pub use ids::{PartitionKey, PluginDigest, ShardId, StreamName, SubscriptionName};
 pub use key_slice::KeySlice;
+pub use lease::LeaseStore;
+pub use lease::file::FileLeaseStore;
+pub use logging::{LogFormat, LogGuard, init as init_logging};
+pub use plugin::PluginHost;
 pub use progress::Checkpoint;
 pub use supervisor::{LoadedSubscription, load_plugins, run};
 
@@ -123,17 +133,28 @@ pub mod admin {
     pub use crate::ops::{HEADER_READ_TIMEOUT, LOG_INTERVAL, MAX_CONNECTIONS};
 }
 
-/// The pipeline's insides, for `benches/dispatch.rs` only: not an API.
-#[doc(hidden)]
+/// The pipeline's insides, for `benches/dispatch.rs` only (the
+/// `bench-internals` feature): not an API. Items named here are
+/// `pub(crate)` in a build without the feature
+/// (`#[cfg_attr(feature = "bench-internals", visibility::make(pub))]`), so
+/// the compiler still reports what only the bench would use.
+#[cfg(feature = "bench-internals")]
 pub mod bench {
     pub use crate::channel::{Delivery, Record, channel};
+    pub use crate::config::{
+        BatchConfig, DispatchMode, FailurePolicy, Grants, OnFailure, ReadMode, SandboxConfig,
+        StartPosition, SubscriptionConfig,
+    };
     pub use crate::dispatch::{
         CallError, Dispatcher, Handled, Handler, HandlerFactory, Outcome, Output,
     };
     pub use crate::failure::Policy;
+    pub use crate::ids::{LaneId, Position, SequenceNumber, SessionId};
     pub use crate::kinesis::KinesisError;
     pub use crate::outputs::{OutputStage, PUBLISH_QUEUE, Publish, PutRecords};
+    pub use crate::plugin::{CompileCache, Plugin};
     pub use crate::progress::Ticket;
     pub use crate::settlement::{SETTLEMENT_QUEUE, Settlement, SettlementMsg};
+    pub use crate::state::CallState;
     pub use crate::telemetry::Telemetry;
 }

@@ -49,14 +49,14 @@ use tracing_subscriber::fmt::format::{DefaultFields, Writer};
 /// reason, a trap message): ample for a message or a backtrace worth
 /// reading, small enough that a flood of them cannot fill the log or the
 /// host's memory.
-pub const MAX_GUEST_TEXT: usize = 8 * 1024;
+pub(crate) const MAX_GUEST_TEXT: usize = 8 * 1024;
 
 /// What a cut string ends with, so a reader knows it was cut.
 const CUT_MARK: &str = "…[truncated]";
 
 /// Cuts `text` to at most `max` bytes (at a char boundary) and marks it as
 /// cut; text within `max` is left alone. The one place guest text is cut.
-pub fn cap(text: &mut String, max: usize) {
+pub(crate) fn cap(text: &mut String, max: usize) {
     if text.len() <= max {
         return;
     }
@@ -71,7 +71,7 @@ pub fn cap(text: &mut String, max: usize) {
 }
 
 /// [`cap`] for borrowed text: borrowed when it fits, a cut copy otherwise.
-pub fn capped(text: &str, max: usize) -> Cow<'_, str> {
+pub(crate) fn capped(text: &str, max: usize) -> Cow<'_, str> {
     if text.len() <= max {
         return Cow::Borrowed(text);
     }
@@ -110,17 +110,6 @@ fn write_escaped(out: &mut dyn fmt::Write, s: &str) -> fmt::Result {
         rest = &rest[at + c.len_utf8()..];
     }
     out.write_str(rest)
-}
-
-/// `s` with control characters escaped as text output writes it.
-pub fn escape_controls(s: &str) -> Cow<'_, str> {
-    if !s.contains(must_escape) {
-        return Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    // Writing to a String cannot fail.
-    let _ = write_escaped(&mut out, s);
-    Cow::Owned(out)
 }
 
 /// A `fmt::Write` that escapes what passes through it.
@@ -220,7 +209,7 @@ pub fn init(format: LogFormat, traces: Option<&TracesConfig>) -> anyhow::Result<
 /// refused requests, failing accepts), so the log says how often without
 /// becoming the outage.
 #[derive(Debug)]
-pub struct LogGate {
+pub(crate) struct LogGate {
     interval: std::time::Duration,
     last: Option<std::time::Instant>,
     suppressed: u64,
@@ -228,7 +217,7 @@ pub struct LogGate {
 
 impl LogGate {
     /// A gate that opens at most once per `interval`.
-    pub fn every(interval: std::time::Duration) -> Self {
+    pub(crate) fn every(interval: std::time::Duration) -> Self {
         Self {
             interval,
             last: None,
@@ -238,7 +227,7 @@ impl LogGate {
 
     /// Notes one event at `now`: `Some(n)` when it is to be logged, `n`
     /// being the events kept back since the last logged one.
-    pub fn note(&mut self, now: std::time::Instant) -> Option<u64> {
+    pub(crate) fn note(&mut self, now: std::time::Instant) -> Option<u64> {
         match self.last {
             Some(last) if now.saturating_duration_since(last) < self.interval => {
                 self.suppressed += 1;
@@ -255,6 +244,18 @@ impl LogGate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `s` with control characters escaped as text output writes it.
+    fn escape_controls(s: &str) -> Cow<'_, str> {
+        if !s.contains(must_escape) {
+            return Cow::Borrowed(s);
+        }
+        let mut out = String::with_capacity(s.len() + 8);
+        // Writing to a String cannot fail.
+        let _ = write_escaped(&mut out, s);
+        Cow::Owned(out)
+    }
+
     use std::sync::{Arc, Mutex};
 
     #[test]

@@ -8,9 +8,9 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use shardlane::config::Config;
-use shardlane::logging::{self, LogFormat};
-use shardlane::plugin::PluginHost;
+use shardlane::Config;
+use shardlane::LogFormat;
+use shardlane::PluginHost;
 
 #[derive(Parser)]
 #[command(
@@ -328,7 +328,7 @@ fn run(config_path: PathBuf, format: Format) -> anyhow::Result<()> {
     // Config errors come before any logging is set up: one line on stderr.
     let config = Config::load(&config_path)?;
     // Dropped after the runtime: it exports the spans still queued.
-    let _log = logging::init(
+    let _log = shardlane::init_logging(
         match format {
             Format::Text => LogFormat::Text,
             Format::Json => LogFormat::Json,

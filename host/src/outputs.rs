@@ -85,7 +85,8 @@ pub struct Output {
 }
 
 /// Publishes queued to the stage before lanes wait.
-pub const PUBLISH_QUEUE: usize = 64;
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) const PUBLISH_QUEUE: usize = 64;
 
 /// Most outputs held (queued or being put) before the stage stops taking
 /// publishes.
@@ -106,7 +107,8 @@ pub(crate) const LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// An acked record's outputs, and the ticket that settles it once they are
 /// all put.
 #[derive(Debug)]
-pub struct Publish {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct Publish {
     /// Where the input settles.
     pub(crate) ticket: Ticket,
     /// Its outputs, in publish order (none empty: a record without outputs
@@ -119,7 +121,8 @@ pub(crate) type PublishSender = mpsc::Sender<Publish>;
 
 /// Where outputs are put: Kinesis, or a fake in tests and benchmarks.
 #[async_trait]
-pub trait PutRecords: Send + Sync + 'static {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) trait PutRecords: Send + Sync + 'static {
     /// Puts `records` to `stream` in one call: the outcome of each, in
     /// order, or the call's failure.
     async fn put_records(
@@ -184,7 +187,8 @@ struct Metrics {
 }
 
 /// The output stage of one subscription (module docs).
-pub struct OutputStage {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct OutputStage {
     subscription: SubscriptionName,
     sink: Arc<dyn PutRecords>,
     settlement: SettlementSender,
@@ -206,7 +210,8 @@ pub struct OutputStage {
 impl OutputStage {
     /// A stage putting to `sink` and settling through `settlement`, for
     /// `subscription`, whose granted streams are `streams`.
-    pub fn new(
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+    pub(crate) fn new(
         subscription: SubscriptionName,
         streams: impl IntoIterator<Item = StreamName>,
         sink: Arc<dyn PutRecords>,
@@ -271,7 +276,12 @@ impl OutputStage {
     }
 
     /// Runs until `inbox` is closed and everything is put, or `hard_stop`.
-    pub async fn run(mut self, mut inbox: mpsc::Receiver<Publish>, hard_stop: CancellationToken) {
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+    pub(crate) async fn run(
+        mut self,
+        mut inbox: mpsc::Receiver<Publish>,
+        hard_stop: CancellationToken,
+    ) {
         let mut open = true;
         loop {
             self.start_puts();

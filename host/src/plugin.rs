@@ -103,23 +103,22 @@ use std::time::Duration;
 
 use crate::ids::PluginDigest;
 
-pub use cache::{CacheError, CompileCache};
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) use cache::CompileCache;
 pub use engine::PluginHost;
-pub use error::PluginError;
-pub use instance::{Instance, Plugin};
+pub(crate) use error::PluginError;
+pub(crate) use instance::Instance;
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) use instance::Plugin;
 
 /// How often the engine's epoch advances. Every running guest yields to the
 /// async runtime at each tick, and timeouts are observed at this grain.
-pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Longest guest log message kept; longer ones are cut
 /// ([`crate::logging::cap`]), so one call cannot fill the host's log with
 /// megabytes. Reasons and trap messages are cut to the same length.
-pub const MAX_LOG_MESSAGE: usize = crate::logging::MAX_GUEST_TEXT;
-
-/// The WIT package new plugins are written against (`wit/`); plugins of
-/// every earlier [`Contract`] still run.
-pub const WIT_PACKAGE: &str = "shardlane:plugin@0.2.0";
+pub(crate) const MAX_LOG_MESSAGE: usize = crate::logging::MAX_GUEST_TEXT;
 
 /// Which version of the plugin contract a component targets, told from the
 /// `shardlane:plugin` interfaces it imports.

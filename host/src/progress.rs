@@ -14,7 +14,8 @@ pub(crate) type Offset = u64;
 
 /// Where one delivered record settles.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ticket {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct Ticket {
     /// The record's shard.
     pub shard: ShardId,
     /// The reader session that read it.

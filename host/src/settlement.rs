@@ -35,11 +35,13 @@ pub(crate) use watermark::{Settled, Watermark};
 
 /// Messages queued to the settlement task before it falls behind: it does
 /// O(1) work per message, so this only absorbs bursts.
-pub const SETTLEMENT_QUEUE: usize = 1024;
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) const SETTLEMENT_QUEUE: usize = 1024;
 
 /// What readers and dispatch tell the settlement task.
 #[derive(Debug)]
-pub enum SettlementMsg {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) enum SettlementMsg {
     /// A reader session opened the shard: start a fresh watermark.
     Open {
         /// The shard.
@@ -96,7 +98,8 @@ struct ShardState {
 }
 
 /// The settlement stage of one subscription.
-pub struct Settlement {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct Settlement {
     subscription: SubscriptionName,
     checkpoint_every: Duration,
     shards: HashMap<ShardId, ShardState>,
@@ -109,7 +112,8 @@ pub struct Settlement {
 
 impl Settlement {
     /// A settlement stage sending checkpoint requests to `checkpoints`.
-    pub fn new(
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+    pub(crate) fn new(
         subscription: SubscriptionName,
         checkpoint_every: Duration,
         checkpoints: mpsc::Sender<CheckpointRequest>,
@@ -126,7 +130,7 @@ impl Settlement {
     }
 
     /// Publishes the read-but-not-settled figure as a gauge.
-    pub fn with_telemetry(mut self, telemetry: &crate::telemetry::Telemetry) -> Self {
+    pub(crate) fn with_telemetry(mut self, telemetry: &crate::telemetry::Telemetry) -> Self {
         self.unsettled_gauge = Some(telemetry.gauge(
             "shardlane_records_unsettled",
             "Records read from Kinesis and not yet settled.",
@@ -137,7 +141,8 @@ impl Settlement {
 
     /// Runs until every sender of `inbox` is gone (readers stopped, dispatch
     /// drained), then requests each shard's final checkpoint and returns.
-    pub async fn run(mut self, mut inbox: mpsc::Receiver<SettlementMsg>) {
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+    pub(crate) async fn run(mut self, mut inbox: mpsc::Receiver<SettlementMsg>) {
         // Tick often enough that a checkpoint is requested soon after
         // `checkpoint_every` has passed, but never busy-loop.
         let tick =

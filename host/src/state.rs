@@ -71,9 +71,11 @@ mod call;
 mod codec;
 mod stage;
 
-pub use call::{CallState, Delta, StateError};
-pub use codec::{KeyState, VALUE_OVERHEAD, Value};
-pub use stage::{CACHED_KEYS_PER_SHARD, StateStage};
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) use call::CallState;
+pub(crate) use call::StateError;
+pub(crate) use codec::KeyState;
+pub(crate) use stage::StateStage;
 
 use crate::telemetry::{Gauge, Histogram, Telemetry};
 
@@ -84,7 +86,7 @@ const WRITES_BUCKETS: &[f64] = &[0.0, 1.0, 10.0, 50.0, 100.0, 500.0, 1_000.0, 5_
 
 /// A subscription's state metrics.
 #[derive(Clone)]
-pub struct StateMetrics {
+pub(crate) struct StateMetrics {
     /// Keys held in the cache.
     pub keys: Gauge,
     /// Their bytes.
@@ -97,7 +99,7 @@ pub struct StateMetrics {
 
 impl StateMetrics {
     /// The series of subscription `sub`.
-    pub fn new(t: &Telemetry, sub: &str) -> Self {
+    pub(crate) fn new(t: &Telemetry, sub: &str) -> Self {
         Self {
             keys: t.gauge(
                 "shardlane_state_keys",

@@ -43,53 +43,54 @@ use crate::ids::SubscriptionName;
 
 /// A monotonically increasing count.
 #[derive(Clone, Default, Debug)]
-pub struct Counter(counter::Counter<u64, AtomicU64>);
+pub(crate) struct Counter(counter::Counter<u64, AtomicU64>);
 
 impl Counter {
     /// Adds one.
-    pub fn inc(&self) {
+    pub(crate) fn inc(&self) {
         self.0.inc();
     }
 
     /// Adds `n`.
-    pub fn add(&self, n: u64) {
+    pub(crate) fn add(&self, n: u64) {
         self.0.inc_by(n);
     }
 
     /// The count.
-    pub fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.get()
     }
 }
 
 /// A value that goes up and down.
 #[derive(Clone, Default, Debug)]
-pub struct Gauge(gauge::Gauge<i64>);
+pub(crate) struct Gauge(gauge::Gauge<i64>);
 
 impl Gauge {
     /// Sets it.
-    pub fn set(&self, value: u64) {
+    pub(crate) fn set(&self, value: u64) {
         self.0.set(i64::try_from(value).unwrap_or(i64::MAX));
     }
 
-    /// The value.
-    pub fn get(&self) -> u64 {
+    /// The value (tests read it; the exposition is what operators read).
+    #[cfg(test)]
+    pub(crate) fn get(&self) -> u64 {
         u64::try_from(self.0.get()).unwrap_or(0)
     }
 }
 
 /// A histogram with fixed bucket bounds.
 #[derive(Clone, Debug)]
-pub struct Histogram(histogram::Histogram);
+pub(crate) struct Histogram(histogram::Histogram);
 
 impl Histogram {
     /// Records one observation.
-    pub fn observe(&self, value: f64) {
+    pub(crate) fn observe(&self, value: f64) {
         self.0.observe(value);
     }
 
     /// Records a duration in seconds.
-    pub fn observe_duration(&self, d: Duration) {
+    pub(crate) fn observe_duration(&self, d: Duration) {
         self.observe(d.as_secs_f64());
     }
 }
@@ -143,7 +144,8 @@ struct Registered {
 type Subscriptions = Arc<Mutex<BTreeMap<SubscriptionName, Arc<SubscriptionStatus>>>>;
 
 /// All metrics and status of one host process.
-pub struct Telemetry {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct Telemetry {
     registry: Mutex<Registry>,
     families: Mutex<BTreeMap<&'static str, Registered>>,
     subscriptions: Subscriptions,
@@ -168,7 +170,8 @@ impl Default for Telemetry {
 
 impl Telemetry {
     /// An empty registry.
-    pub fn new() -> Arc<Self> {
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
 
@@ -211,7 +214,7 @@ impl Telemetry {
 
     /// The counter `name{labels}`, registered on first use. `name` ends in
     /// `_total`.
-    pub fn counter(
+    pub(crate) fn counter(
         &self,
         name: &'static str,
         help: &'static str,
@@ -231,7 +234,7 @@ impl Telemetry {
     }
 
     /// The gauge `name{labels}`, registered on first use.
-    pub fn gauge(
+    pub(crate) fn gauge(
         &self,
         name: &'static str,
         help: &'static str,
@@ -250,7 +253,7 @@ impl Telemetry {
     }
 
     /// The histogram `name{labels}`, registered on first use with `bounds`.
-    pub fn histogram(
+    pub(crate) fn histogram(
         &self,
         name: &'static str,
         help: &'static str,
@@ -269,16 +272,8 @@ impl Telemetry {
         )
     }
 
-    /// Removes every series of `name` whose labels include `label = value`
-    /// (e.g. a shard this instance no longer reads).
-    pub fn forget(&self, name: &'static str, label: &'static str, value: &str) {
-        self.forget_where(name, |labels| {
-            labels.iter().any(|(k, v)| *k == label && v == value)
-        });
-    }
-
     /// Removes the one series of `name` with exactly these labels.
-    pub fn forget_series(&self, name: &'static str, labels: &[(&'static str, &str)]) {
+    pub(crate) fn forget_series(&self, name: &'static str, labels: &[(&'static str, &str)]) {
         let labels = own(labels);
         self.forget_where(name, |l| *l == labels);
     }
@@ -298,7 +293,11 @@ impl Telemetry {
     }
 
     /// The status of a subscription, made on first use.
-    pub fn subscription(&self, name: &SubscriptionName, mode: String) -> Arc<SubscriptionStatus> {
+    pub(crate) fn subscription(
+        &self,
+        name: &SubscriptionName,
+        mode: String,
+    ) -> Arc<SubscriptionStatus> {
         let mut subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
         subs.entry(name.clone())
             .or_insert_with(|| Arc::new(SubscriptionStatus::new(mode)))
@@ -306,19 +305,19 @@ impl Telemetry {
     }
 
     /// Every subscription's status.
-    pub fn subscriptions(&self) -> Vec<(SubscriptionName, Arc<SubscriptionStatus>)> {
+    pub(crate) fn subscriptions(&self) -> Vec<(SubscriptionName, Arc<SubscriptionStatus>)> {
         let subs = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
         subs.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
     /// True when every subscription is ready.
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         let subs = self.subscriptions();
         !subs.is_empty() && subs.iter().all(|(_, s)| s.ready())
     }
 
     /// Runs `collect` before each render (e.g. to read a channel's fill).
-    pub fn on_render(&self, collect: impl Fn() + Send + 'static) {
+    pub(crate) fn on_render(&self, collect: impl Fn() + Send + 'static) {
         self.collectors
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -327,7 +326,7 @@ impl Telemetry {
 
     /// The Prometheus text exposition (0.0.4) of every metric, with the
     /// values read at scrape time computed now.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         for collect in self
             .collectors
             .lock()
@@ -448,7 +447,7 @@ mod tests {
             text.contains("shardlane_handler_duration_seconds_count{subscription=\"a\"} 2"),
             "{text}"
         );
-        t.forget("shardlane_leases_held", "subscription", "a");
+        t.forget_series("shardlane_leases_held", &[("subscription", "a")]);
         assert!(!t.render().contains("shardlane_leases_held{"));
     }
 
@@ -480,7 +479,7 @@ mod tests {
         ] {
             assert!(text.contains(series), "{series} in {text}");
         }
-        t.forget("shardlane_batch_size", "subscription", "a");
+        t.forget_series("shardlane_batch_size", &[("subscription", "a")]);
         assert!(!t.render().contains("shardlane_batch_size_sum{"));
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use shardlane::ids::PartitionKey;
+use shardlane::PartitionKey;
 use shardlane::lane_for;
 use shardlane_testkit::{HostProcess, Kinesis, LogLine, guests, unique_name};
 
@@ -144,7 +144,7 @@ async fn a_trap_is_retried_then_dead_lettered_with_its_envelope() {
         "{envelope}"
     );
     assert_eq!(envelope["subscription"], "trap");
-    let chaos = shardlane::ids::PluginDigest::of(&std::fs::read(&guests.chaos).unwrap());
+    let chaos = shardlane::PluginDigest::of(&std::fs::read(&guests.chaos).unwrap());
     assert_eq!(
         envelope["plugin"],
         chaos.to_string(),

@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use shardlane::Checkpoint;
-use shardlane::ids::{ShardId, StreamName, SubscriptionName};
-use shardlane::lease::LeaseStore as _;
-use shardlane::lease::file::FileLeaseStore;
+use shardlane::FileLeaseStore;
+use shardlane::LeaseStore as _;
+use shardlane::{ShardId, StreamName, SubscriptionName};
 use shardlane_testkit::admin::metric_sum;
 use shardlane_testkit::kpl::{UserRecord, aggregate};
 use shardlane_testkit::{HostProcess, Kinesis, guests, unique_name};

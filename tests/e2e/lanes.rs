@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use shardlane::ids::PartitionKey;
+use shardlane::PartitionKey;
 use shardlane::{CHANNEL_CAPACITY, LANE_INBOX, lane_for};
 use shardlane_testkit::{HostProcess, Kinesis, guests, unique_name};
 

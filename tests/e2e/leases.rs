@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use shardlane::Checkpoint;
-use shardlane::lease::LeaseStore;
-use shardlane::lease::file::FileLeaseStore;
+use shardlane::FileLeaseStore;
+use shardlane::LeaseStore;
 use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
 use tokio::task::JoinHandle;
 

@@ -505,7 +505,7 @@ async fn a_canary_keeps_its_keys_and_rolls_back_and_promotes_without_loss() {
         "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret\"",
     );
     let slice = shardlane::KeySlice::new(0.3).unwrap();
-    let in_slice = |key: &str| slice.contains(&shardlane::ids::PartitionKey::from(key));
+    let in_slice = |key: &str| slice.contains(&shardlane::PartitionKey::from(key));
     let keys: Vec<String> = (0..12).map(|i| format!("key-{i}")).collect();
     assert!(
         keys.iter().any(|k| in_slice(k)) && keys.iter().any(|k| !in_slice(k)),
@@ -749,7 +749,7 @@ async fn dead_letters_name_the_version_that_failed_them() {
     let keys: Vec<String> = (0..16).map(|i| format!("key-{i}")).collect();
     let in_slice: Vec<&String> = keys
         .iter()
-        .filter(|k| slice.contains(&shardlane::ids::PartitionKey::from(k.as_str())))
+        .filter(|k| slice.contains(&shardlane::PartitionKey::from(k.as_str())))
         .collect();
     assert!(!in_slice.is_empty() && in_slice.len() < keys.len());
     let records: Vec<(String, Vec<u8>)> =
@@ -780,7 +780,7 @@ async fn dead_letters_name_the_version_that_failed_them() {
     .unwrap();
     assert!(host.terminate().await.unwrap().success());
 
-    let candidate = shardlane::ids::PluginDigest::of(&std::fs::read(&examples.poison).unwrap());
+    let candidate = shardlane::PluginDigest::of(&std::fs::read(&examples.poison).unwrap());
     let mut dead_keys = Vec::new();
     for (key, data) in kinesis.read_all(&dlq).await.unwrap() {
         let envelope: serde_json::Value = serde_json::from_slice(&data).unwrap();

@@ -42,7 +42,7 @@ fn the_systemd_unit_verifies() {
         .find_map(|l| l.strip_prefix("TimeoutStopSec="))
         .and_then(|v| v.trim().parse().ok())
         .expect("TimeoutStopSec set in seconds");
-    let shutdown = shardlane::config::defaults::SHUTDOWN_TIMEOUT.as_secs();
+    let shutdown = shardlane::defaults::SHUTDOWN_TIMEOUT.as_secs();
     assert!(
         stop > shutdown,
         "TimeoutStopSec {stop}s outlasts shutdown_timeout {shutdown}s"

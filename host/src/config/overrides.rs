@@ -12,7 +12,7 @@
 //! their own key and merge rules.)
 
 /// Environment variables with this prefix override config keys.
-pub const OVERRIDE_PREFIX: &str = "SHARDLANE__";
+pub(crate) const OVERRIDE_PREFIX: &str = "SHARDLANE__";
 
 /// Sets the key `name` (`SHARDLANE__A__B__0__C`) names to `value` in
 /// `table`, creating tables on the way; subscriptions by index.

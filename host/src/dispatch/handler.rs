@@ -90,7 +90,8 @@ impl CallError {
 }
 
 /// One handler instance, owned by one lane.
-pub trait Handler: Send + 'static {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) trait Handler: Send + 'static {
     /// Handles one record, on its `attempt`-th delivery, with `state` the
     /// view of its key's state (the default: none), which the call's
     /// writes change.
@@ -118,7 +119,8 @@ pub trait Handler: Send + 'static {
 }
 
 /// Makes handler instances: one per lane, and a fresh one after a trap.
-pub trait HandlerFactory: Send + Sync + 'static {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) trait HandlerFactory: Send + Sync + 'static {
     /// The instances it makes.
     type Handler: Handler;
     /// Why it could not make one (the lane logs it and tries again).

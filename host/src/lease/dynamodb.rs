@@ -54,7 +54,7 @@ const TABLE_ACTIVE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Leases in a DynamoDB table (see the module docs).
 #[derive(Clone)]
-pub struct DynamoDbLeaseStore {
+pub(crate) struct DynamoDbLeaseStore {
     client: Client,
     table: String,
 }
@@ -138,7 +138,7 @@ impl DynamoDbLeaseStore {
     /// # Errors
     /// When the table does not exist (and may not be created), cannot be
     /// created, or does not become active.
-    pub async fn open(client: Client, table: &str, create: bool) -> anyhow::Result<Self> {
+    pub(crate) async fn open(client: Client, table: &str, create: bool) -> anyhow::Result<Self> {
         let described = client.describe_table().table_name(table).send().await;
         match described {
             Ok(_) => {}

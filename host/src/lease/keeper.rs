@@ -129,16 +129,16 @@ use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry};
 
 /// Checkpoint requests queued to the keeper; settlement coalesces them to
 /// about one per shard per `checkpoint_every`, so this is plenty.
-pub const CHECKPOINT_QUEUE: usize = 256;
+pub(crate) const CHECKPOINT_QUEUE: usize = 256;
 
 /// Assignments queued to the reader pool. The pool only starts and stops
 /// tasks, so it keeps up; the keeper's own queue absorbs a burst (a sync
 /// that took many leases).
-pub const ASSIGNMENT_QUEUE: usize = 64;
+pub(crate) const ASSIGNMENT_QUEUE: usize = 64;
 
 /// What the keeper tells the reader pool.
 #[derive(Debug)]
-pub enum Assignment {
+pub(crate) enum Assignment {
     /// Read `shard` from `from` in reader session `session`, acting on the
     /// lease only while `valid_until` lies ahead (module docs, "Validity");
     /// the channel closes when the lease is lost.
@@ -169,7 +169,7 @@ pub enum Assignment {
 
 /// Why a reader is told to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
+pub(crate) enum StopReason {
     /// The lease was lost: nothing more may be handed out.
     Lost,
     /// Another instance asked for the shard: settle what is in flight,
@@ -179,7 +179,7 @@ pub enum StopReason {
 
 /// Where the keeper lists a stream's shards: Kinesis, or a fake in tests.
 #[async_trait]
-pub trait ShardSource: Send + Sync + 'static {
+pub(crate) trait ShardSource: Send + Sync + 'static {
     /// Every shard of `stream`.
     async fn list_shards(&self, stream: &StreamName) -> Result<Vec<ShardInfo>, KinesisError>;
 }
@@ -239,7 +239,7 @@ struct SyncRound {
 }
 
 /// The lease keeper of one subscription (see the module docs).
-pub struct Keeper {
+pub(crate) struct Keeper {
     subscription: Arc<SubscriptionConfig>,
     lease: LeaseConfig,
     owner: OwnerId,
@@ -274,14 +274,14 @@ pub struct Keeper {
 impl Keeper {
     /// Commits `state`'s writes with each checkpoint, and opens and closes
     /// its shard sessions as leases are taken and lost.
-    pub fn with_state(mut self, state: Option<Arc<dyn CheckpointState>>) -> Self {
+    pub(crate) fn with_state(mut self, state: Option<Arc<dyn CheckpointState>>) -> Self {
         self.state = state;
         self
     }
 
     /// The keeper of `subscription`'s leases in `store`, held as `owner`,
     /// listing shards from `shards` and reporting to `status`.
-    pub fn new(
+    pub(crate) fn new(
         subscription: Arc<SubscriptionConfig>,
         lease: LeaseConfig,
         owner: OwnerId,
@@ -336,7 +336,7 @@ impl Keeper {
 
     /// Runs until `stop`, then shuts down in order (module docs): ends once
     /// `checkpoints` is closed and every lease is released.
-    pub async fn run(
+    pub(crate) async fn run(
         mut self,
         assignments: mpsc::Sender<Assignment>,
         mut checkpoints: mpsc::Receiver<CheckpointRequest>,

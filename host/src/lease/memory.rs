@@ -17,7 +17,7 @@ use crate::progress::Checkpoint;
 /// short, purely in-memory critical section, never held across an
 /// `.await`, so a checkpoint and its state writes land together.
 #[derive(Debug, Default)]
-pub struct MemoryLeaseStore {
+pub(crate) struct MemoryLeaseStore {
     inner: Mutex<Inner>,
 }
 
@@ -29,7 +29,7 @@ struct Inner {
 
 impl MemoryLeaseStore {
     /// An empty store.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 

@@ -17,7 +17,7 @@ use crate::ids::PartitionKey;
 
 /// One record's writes under its key: per name, the new value (`None`:
 /// deleted), the last write of a name winning.
-pub type Delta = BTreeMap<String, Option<Value>>;
+pub(crate) type Delta = BTreeMap<String, Option<Value>>;
 
 /// Why a state call did nothing (the contract's `state-error`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,11 +203,6 @@ impl CallState {
                 inner.slots[whole].view = std::mem::take(&mut slot.view);
             }
         }
-    }
-
-    /// True when the call has state.
-    pub fn enabled(&self) -> bool {
-        self.inner.is_some()
     }
 
     /// True when input `input` wrote.

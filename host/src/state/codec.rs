@@ -65,7 +65,7 @@ struct StoredValue {
 /// Bytes counted per value on top of its name and data: at least what the
 /// stored form adds (protobuf tags and lengths, the expiry), so a key's
 /// stored state is never larger than its count.
-pub const VALUE_OVERHEAD: usize = 24;
+pub(crate) const VALUE_OVERHEAD: usize = 24;
 
 fn weight(name: &str, value: &Value) -> usize {
     name.len() + value.data.len() + VALUE_OVERHEAD

@@ -26,7 +26,7 @@ use crate::progress::{Checkpoint, Ticket};
 
 /// Clean keys (no staged writes) kept per shard before a commit drops
 /// them: a dropped key is read from the store again at its next record.
-pub const CACHED_KEYS_PER_SHARD: usize = 10_000;
+pub(crate) const CACHED_KEYS_PER_SHARD: usize = 10_000;
 
 /// A key's state in a session.
 #[derive(Debug, Default)]
@@ -67,7 +67,7 @@ struct InFlight {
 }
 
 /// The state stage of one subscription (module docs).
-pub struct StateStage {
+pub(crate) struct StateStage {
     subscription: SubscriptionName,
     config: Arc<StateConfig>,
     store: Arc<dyn LeaseStore>,
@@ -93,7 +93,7 @@ fn covers(checkpoint: &Checkpoint, position: &Position) -> bool {
 
 impl StateStage {
     /// A stage reading committed state from `store`.
-    pub fn new(
+    pub(crate) fn new(
         subscription: SubscriptionName,
         config: Arc<StateConfig>,
         store: Arc<dyn LeaseStore>,
@@ -120,7 +120,7 @@ impl StateStage {
     ///
     /// # Errors
     /// The store could not be read (the lane waits and tries again).
-    pub async fn prepare(
+    pub(crate) async fn prepare(
         &self,
         records: impl Iterator<Item = (&Record, &Ticket)>,
     ) -> Result<CallState, LeaseError> {
@@ -169,7 +169,7 @@ impl StateStage {
     /// Stages an acked record's writes under `key`, whose state was `base`
     /// when its call began. Writes of a session no longer current are
     /// dropped: its records are read again.
-    pub fn stage(
+    pub(crate) fn stage(
         &self,
         record: &Record,
         ticket: &Ticket,
@@ -213,7 +213,8 @@ impl StateStage {
     }
 
     /// The subscription's state metrics.
-    pub fn metrics(&self) -> &StateMetrics {
+    #[cfg(test)]
+    pub(crate) fn metrics(&self) -> &StateMetrics {
         &self.metrics
     }
 
@@ -455,7 +456,8 @@ mod tests {
         assert_eq!(stored_total(&store, "b").await.as_deref(), Some("1"));
         // What the stage holds, reported at the commit: two keys, each one
         // value named "total" ("8" and "1").
-        let weight = |digits: usize| ("total".len() + digits + crate::state::VALUE_OVERHEAD) as u64;
+        let weight =
+            |digits: usize| ("total".len() + digits + super::super::codec::VALUE_OVERHEAD) as u64;
         assert_eq!(stage.metrics().keys.get(), 2);
         assert_eq!(stage.metrics().bytes.get(), weight(1) + weight(1));
 

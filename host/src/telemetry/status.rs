@@ -35,7 +35,7 @@ use crate::progress::Checkpoint;
 
 /// Where a shard stands, as this instance sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ShardState {
+pub(crate) enum ShardState {
     /// Leased here; the reader is opening its iterator. Not ready yet.
     #[default]
     Opening,
@@ -66,7 +66,7 @@ impl fmt::Display for ShardState {
 
 /// A shard as the status page shows it.
 #[derive(Debug, Clone, Default)]
-pub struct ShardStatus {
+pub(crate) struct ShardStatus {
     /// Who holds its lease (this instance's id while we read it).
     pub owner: Option<OwnerId>,
     /// The last checkpoint written or seen.
@@ -87,7 +87,7 @@ const LEASE_CHANGES_KEPT: usize = 20;
 /// A change of a shard's lease owner, as this instance saw it: taken
 /// here, released here, or seen moving at a sync.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseChange {
+pub(crate) struct LeaseChange {
     /// When, in ms since the Unix epoch.
     pub at_ms: u64,
     /// The shard.
@@ -100,7 +100,7 @@ pub struct LeaseChange {
 
 /// The outcome counters of one plugin version (or of all of them).
 #[derive(Debug, Clone, Default)]
-pub struct VersionCounts {
+pub(crate) struct VersionCounts {
     /// Records acked.
     pub ack: Counter,
     /// Record attempts the handler asked to retry.
@@ -113,7 +113,7 @@ pub struct VersionCounts {
 
 /// A version's outcomes so far, as the page reads them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Outcomes {
+pub(crate) struct Outcomes {
     /// Records acked.
     pub ack: u64,
     /// Record attempts retried.
@@ -138,7 +138,7 @@ impl VersionCounts {
 
 /// A running canary, as the page shows it.
 #[derive(Debug, Clone)]
-pub struct CanaryView {
+pub(crate) struct CanaryView {
     /// Its digest and share of the keys, in words.
     pub describe: String,
     /// The candidate's digest.
@@ -151,7 +151,7 @@ pub struct CanaryView {
 
 /// One version's row on the page.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct VersionOutcomes {
+pub(crate) struct VersionOutcomes {
     /// `stable` or `candidate`.
     pub role: &'static str,
     /// Its digest.
@@ -217,7 +217,7 @@ impl Coverage {
 
 /// A subscription as the status page and `/readyz` see it (module docs).
 #[derive(Debug, Default)]
-pub struct SubscriptionStatus {
+pub(crate) struct SubscriptionStatus {
     mode: String,
     digest: Mutex<String>,
     canary: Mutex<Option<CanaryView>>,
@@ -232,7 +232,7 @@ pub struct SubscriptionStatus {
 impl SubscriptionStatus {
     /// A subscription dispatching in `mode` (as [`crate::config::SubscriptionConfig::mode`]
     /// writes it).
-    pub fn new(mode: String) -> Self {
+    pub(crate) fn new(mode: String) -> Self {
         Self {
             mode,
             ..Self::default()
@@ -265,7 +265,12 @@ impl SubscriptionStatus {
 
     /// `owner` (this instance) took the lease; its reader opens after
     /// `checkpoint`.
-    pub fn lease_taken(&self, shard: &ShardId, owner: &OwnerId, checkpoint: Option<&Checkpoint>) {
+    pub(crate) fn lease_taken(
+        &self,
+        shard: &ShardId,
+        owner: &OwnerId,
+        checkpoint: Option<&Checkpoint>,
+    ) {
         self.update(shard, |s| {
             s.owner = Some(owner.clone());
             s.checkpoint = checkpoint.cloned();
@@ -274,7 +279,7 @@ impl SubscriptionStatus {
     }
 
     /// This instance wrote `checkpoint`.
-    pub fn checkpointed(&self, shard: &ShardId, checkpoint: &Checkpoint) {
+    pub(crate) fn checkpointed(&self, shard: &ShardId, checkpoint: &Checkpoint) {
         self.update(shard, |s| {
             s.checkpoint = Some(checkpoint.clone());
             s.checkpoint_at = Some(Instant::now());
@@ -282,7 +287,7 @@ impl SubscriptionStatus {
     }
 
     /// This instance let the lease go (an ended shard stays ended).
-    pub fn released(&self, shard: &ShardId) {
+    pub(crate) fn released(&self, shard: &ShardId) {
         self.update(shard, |s| {
             s.owner = None;
             if s.state != ShardState::Ended {
@@ -293,7 +298,7 @@ impl SubscriptionStatus {
 
     /// A sync saw the lease held by `owner` (or by nobody), at
     /// `checkpoint`, and this instance does not hold it.
-    pub fn held_elsewhere(
+    pub(crate) fn held_elsewhere(
         &self,
         shard: &ShardId,
         owner: Option<&OwnerId>,
@@ -314,7 +319,7 @@ impl SubscriptionStatus {
 
     /// A shard sync finished, leaving `unread` eligible shards held by
     /// nobody; true when that is news (none were unread before).
-    pub fn synced(&self, unread: usize, now: Instant) -> bool {
+    pub(crate) fn synced(&self, unread: usize, now: Instant) -> bool {
         self.synced.store(true, Ordering::Relaxed);
         let mut coverage = self.coverage.lock().unwrap_or_else(|e| e.into_inner());
         let was = coverage.unread;
@@ -324,7 +329,7 @@ impl SubscriptionStatus {
 
     /// How long shards may stay unread, or syncs fail, before the
     /// subscription is not ready.
-    pub fn set_coverage_grace(&self, grace: Duration) {
+    pub(crate) fn set_coverage_grace(&self, grace: Duration) {
         self.coverage
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -334,12 +339,12 @@ impl SubscriptionStatus {
     // Facts from a shard reader.
 
     /// The reader opened its iterator and reads.
-    pub fn reader_positioned(&self, shard: &ShardId) {
+    pub(crate) fn reader_positioned(&self, shard: &ShardId) {
         self.update(shard, |s| s.state = ShardState::Reading);
     }
 
     /// The reader stopped; `ended` when it read a closed shard to its end.
-    pub fn reader_stopped(&self, shard: &ShardId, ended: bool) {
+    pub(crate) fn reader_stopped(&self, shard: &ShardId, ended: bool) {
         self.update(shard, |s| {
             s.state = if ended {
                 ShardState::Ended
@@ -351,20 +356,20 @@ impl SubscriptionStatus {
     }
 
     /// The last read was `behind_ms` behind the shard's tip.
-    pub fn lag(&self, shard: &ShardId, behind_ms: u64) {
+    pub(crate) fn lag(&self, shard: &ShardId, behind_ms: u64) {
         self.update(shard, |s| s.behind_ms = Some(behind_ms));
     }
 
     /// The counter the shard's reader counts the records it hands out
     /// with, shown on the page as records per second.
-    pub fn count_records(&self, shard: &ShardId, records: Counter) {
+    pub(crate) fn count_records(&self, shard: &ShardId, records: Counter) {
         self.update(shard, |s| s.records = records);
     }
 
     // Facts from dispatch and the plugin slot.
 
     /// The call counter of a lane, shown on the page.
-    pub fn add_lane(&self, lane: u32, calls: Counter) {
+    pub(crate) fn add_lane(&self, lane: u32, calls: Counter) {
         self.lanes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -373,13 +378,13 @@ impl SubscriptionStatus {
 
     /// The subscription's outcome counters (every version's), which the
     /// page shows for the stable version while no canary runs.
-    pub fn set_outcomes(&self, counts: VersionCounts) {
+    pub(crate) fn set_outcomes(&self, counts: VersionCounts) {
         *self.outcomes.lock().unwrap_or_else(|e| e.into_inner()) = counts;
     }
 
     /// The versions running: the stable digest, and a canary's candidate,
     /// share of the keys and outcome counters.
-    pub fn set_versions(&self, digest: String, canary: Option<CanaryView>) {
+    pub(crate) fn set_versions(&self, digest: String, canary: Option<CanaryView>) {
         *self.digest.lock().unwrap_or_else(|e| e.into_inner()) = digest;
         *self.canary.lock().unwrap_or_else(|e| e.into_inner()) = canary;
     }
@@ -387,12 +392,12 @@ impl SubscriptionStatus {
     // What the page and /readyz read.
 
     /// How it dispatches.
-    pub fn mode(&self) -> &str {
+    pub(crate) fn mode(&self) -> &str {
         &self.mode
     }
 
     /// The stable plugin digest.
-    pub fn digest(&self) -> String {
+    pub(crate) fn digest(&self) -> String {
         self.digest
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -400,7 +405,7 @@ impl SubscriptionStatus {
     }
 
     /// The canary, in words, while one runs.
-    pub fn canary(&self) -> Option<String> {
+    pub(crate) fn canary(&self) -> Option<String> {
         self.canary
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -411,7 +416,7 @@ impl SubscriptionStatus {
     /// Each running version's outcomes: the stable version's and the
     /// candidate's while a canary runs, else every record's under the
     /// stable digest.
-    pub fn versions(&self) -> Vec<VersionOutcomes> {
+    pub(crate) fn versions(&self) -> Vec<VersionOutcomes> {
         let digest = self.digest();
         let canary = self.canary.lock().unwrap_or_else(|e| e.into_inner());
         match canary.as_ref() {
@@ -440,7 +445,7 @@ impl SubscriptionStatus {
     }
 
     /// The latest lease owner changes seen, the newest first.
-    pub fn lease_changes(&self) -> Vec<LeaseChange> {
+    pub(crate) fn lease_changes(&self) -> Vec<LeaseChange> {
         self.lease_changes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -450,7 +455,7 @@ impl SubscriptionStatus {
     }
 
     /// Every shard seen, by id.
-    pub fn shards(&self) -> Vec<(ShardId, ShardStatus)> {
+    pub(crate) fn shards(&self) -> Vec<(ShardId, ShardStatus)> {
         self.shards
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -460,7 +465,7 @@ impl SubscriptionStatus {
     }
 
     /// Calls per lane.
-    pub fn lanes(&self) -> Vec<(u32, u64)> {
+    pub(crate) fn lanes(&self) -> Vec<(u32, u64)> {
         self.lanes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -472,7 +477,7 @@ impl SubscriptionStatus {
     /// Ready: synced, every shard of the stream read by someone (see
     /// [`Coverage::problem`]), and every shard this instance reads
     /// positioned.
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         self.synced.load(Ordering::Relaxed)
             && self
                 .coverage
