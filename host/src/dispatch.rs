@@ -209,3 +209,6 @@ async fn route_by_key(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

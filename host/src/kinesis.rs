@@ -31,7 +31,7 @@
 
 mod fan_out;
 
-pub(crate) use fan_out::ConsumerArn;
+pub(crate) use fan_out::{ConsumerArn, FanOutEvent, Subscription};
 
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;

@@ -173,32 +173,14 @@ pub(crate) async fn serve(
             }
             continue;
         };
-        let (service, http, shutdown) = (
-            TowerToHyperService::new(app.clone()),
+        let service = TowerToHyperService::new(app.clone());
+        connections.spawn(connection(
             http.clone(),
+            service,
+            stream,
             shutdown.clone(),
-        );
-        connections.spawn(async move {
-            let _slot = slot;
-            let connection = http.serve_connection(TokioIo::new(stream), service);
-            let mut connection = std::pin::pin!(connection);
-            let served = tokio::time::timeout(CONNECTION_LIFETIME, async {
-                tokio::select! {
-                    served = connection.as_mut() => served,
-                    () = shutdown.cancelled() => {
-                        // Finish the request under way, take no more.
-                        connection.as_mut().graceful_shutdown();
-                        connection.as_mut().await
-                    }
-                }
-            })
-            .await;
-            match served {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!(error = %e, "admin connection ended with an error"),
-                Err(_) => tracing::debug!(lifetime = ?CONNECTION_LIFETIME, "admin connection closed: open too long"),
-            }
-        });
+            slot,
+        ));
     }
     let drained = tokio::time::timeout(DRAIN, async {
         while connections.join_next().await.is_some() {}
@@ -206,6 +188,39 @@ pub(crate) async fn serve(
     .await;
     if drained.is_err() {
         connections.abort_all();
+    }
+}
+
+/// Serves one connection, holding its `slot` under the cap, for at most
+/// [`CONNECTION_LIFETIME`]; at `shutdown` it finishes the request under
+/// way and takes no more.
+async fn connection(
+    http: http1::Builder,
+    service: TowerToHyperService<axum::Router>,
+    stream: TcpStream,
+    shutdown: CancellationToken,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    let _slot = slot;
+    let connection = http.serve_connection(TokioIo::new(stream), service);
+    let mut connection = std::pin::pin!(connection);
+    let served = tokio::time::timeout(CONNECTION_LIFETIME, async {
+        tokio::select! {
+            served = connection.as_mut() => served,
+            () = shutdown.cancelled() => {
+                // Finish the request under way, take no more.
+                connection.as_mut().graceful_shutdown();
+                connection.as_mut().await
+            }
+        }
+    })
+    .await;
+    match served {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "admin connection ended with an error"),
+        Err(_) => {
+            tracing::debug!(lifetime = ?CONNECTION_LIFETIME, "admin connection closed: open too long")
+        }
     }
 }
 

@@ -47,7 +47,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::channel;
+use crate::channel::{self, DeliveryReceiver};
 use crate::config::{LeaseConfig, SubscriptionConfig};
 use crate::dispatch::Dispatcher;
 use crate::failure::{DeadLetters, Policy};
@@ -58,7 +58,7 @@ use crate::lease::{
 };
 use crate::outputs::{OutputStage, PUBLISH_QUEUE};
 use crate::reader::pool::ReaderPool;
-use crate::reader::{FanOut, ReaderContext};
+use crate::reader::{FanOut, ReaderContext, ShardSubscriber};
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
 use crate::state::{StateMetrics, StateStage};
 use crate::swap::PluginSlot;
@@ -103,6 +103,44 @@ pub(crate) struct Pipeline {
     watcher: JoinHandle<()>,
 }
 
+/// Reports how full the subscription channel is at every scrape.
+fn report_fill(telemetry: &Telemetry, sub: &SubscriptionConfig, deliveries: &DeliveryReceiver) {
+    let fill = telemetry.gauge(
+        "shardlane_channel_fill",
+        "Deliveries waiting in the subscription channel (capacity 64).",
+        &[("subscription", sub.name.as_str())],
+    );
+    let watched = deliveries.clone();
+    telemetry.on_render(move || fill.set(watched.len() as u64));
+}
+
+/// The subscription's failure policy, its dead letters put to Kinesis.
+fn failure_policy(sub: &SubscriptionConfig, kinesis: &Kinesis) -> Policy {
+    Policy::new(&sub.failure, |stream| {
+        Arc::new(DeadLetters::new(
+            kinesis.clone(),
+            stream.clone(),
+            sub.name.clone(),
+        ))
+    })
+}
+
+/// The state stage, when the subscription keeps state.
+fn state_stage(
+    sub: &SubscriptionConfig,
+    store: &Arc<dyn LeaseStore>,
+    telemetry: &Telemetry,
+) -> Option<Arc<StateStage>> {
+    sub.sandbox.grants.state.as_ref().map(|config| {
+        Arc::new(StateStage::new(
+            sub.name.clone(),
+            config.clone(),
+            store.clone(),
+            StateMetrics::new(telemetry, sub.name.as_str()),
+        ))
+    })
+}
+
 impl Pipeline {
     /// Wires and starts the stages of one subscription (module docs).
     pub(crate) fn start(parts: Parts) -> Self {
@@ -122,38 +160,17 @@ impl Pipeline {
         let (checkpoint_tx, checkpoint_rx) = mpsc::channel(CHECKPOINT_QUEUE);
         let (assign_tx, assign_rx) = mpsc::channel::<Assignment>(ASSIGNMENT_QUEUE);
         let (publish_tx, publish_rx) = mpsc::channel(PUBLISH_QUEUE);
-        let fill = telemetry.gauge(
-            "shardlane_channel_fill",
-            "Deliveries waiting in the subscription channel (capacity 64).",
-            &[("subscription", sub.name.as_str())],
-        );
-        let watched = deliveries_rx.clone();
-        telemetry.on_render(move || fill.set(watched.len() as u64));
-
-        let policy = Policy::new(&sub.failure, |stream| {
-            Arc::new(DeadLetters::new(
-                kinesis.clone(),
-                stream.clone(),
-                sub.name.clone(),
-            ))
-        });
+        report_fill(&telemetry, &sub, &deliveries_rx);
         let stop = CancellationToken::new();
         let hard_stop = CancellationToken::new();
         let stop_watching = CancellationToken::new();
         let settlement = Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx)
             .with_telemetry(&telemetry);
-        let state = sub.sandbox.grants.state.as_ref().map(|config| {
-            Arc::new(StateStage::new(
-                sub.name.clone(),
-                config.clone(),
-                store.clone(),
-                StateMetrics::new(&telemetry, sub.name.as_str()),
-            ))
-        });
+        let state = state_stage(&sub, &store, &telemetry);
         let dispatcher = Dispatcher::new(
             sub.clone(),
             slot.clone(),
-            policy,
+            failure_policy(&sub, &kinesis),
             settle_tx.clone(),
             publish_tx,
             telemetry.clone(),
@@ -168,9 +185,11 @@ impl Pipeline {
         );
         let pool = ReaderPool::new(ReaderContext {
             reads: Arc::new(kinesis.clone()),
-            fan_out: fan_out.map(|consumer| FanOut {
-                kinesis: kinesis.clone(),
-                consumer,
+            fan_out: fan_out.map(|consumer| {
+                Arc::new(FanOut {
+                    kinesis: kinesis.clone(),
+                    consumer,
+                }) as Arc<dyn ShardSubscriber>
             }),
             subscription: sub.clone(),
             deliveries: deliveries_tx,

@@ -52,7 +52,10 @@ use crate::backoff::Backoff;
 use crate::channel::{Delivery, DeliverySender};
 use crate::config::SubscriptionConfig;
 use crate::ids::{Position, SessionId, ShardId, StreamName};
-use crate::kinesis::{ConsumerArn, Fetched, HashKeyRange, Kinesis, KinesisError, Page, ReadFrom};
+use crate::kinesis::{
+    ConsumerArn, FanOutEvent, Fetched, HashKeyRange, Kinesis, KinesisError, Page, ReadFrom,
+    Subscription,
+};
 use crate::progress::Ticket;
 use crate::settlement::{SettlementMsg, SettlementSender};
 use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry, spans};
@@ -96,6 +99,26 @@ impl ShardReads for Kinesis {
     }
 }
 
+/// What a fan-out reader asks of Kinesis: a subscription to a shard from
+/// a position. Its seam, as [`ShardReads`] is the polling reader's;
+/// [`FanOut`] implements it with SubscribeToShard.
+#[async_trait]
+pub(crate) trait ShardSubscriber: Send + Sync {
+    /// A subscription to `shard` from `from`, once it has answered.
+    async fn subscribe(
+        &self,
+        shard: &ShardId,
+        from: &ReadFrom,
+    ) -> Result<Box<dyn ShardEvents>, KinesisError>;
+}
+
+/// The events of one shard subscription.
+#[async_trait]
+pub(crate) trait ShardEvents: Send {
+    /// The next event; `None` when the subscription ended.
+    async fn next(&mut self) -> Result<Option<FanOutEvent>, KinesisError>;
+}
+
 /// Where a fan-out reader subscribes: Kinesis and the stream consumer.
 #[derive(Clone)]
 pub(crate) struct FanOut {
@@ -105,14 +128,32 @@ pub(crate) struct FanOut {
     pub consumer: ConsumerArn,
 }
 
+#[async_trait]
+impl ShardSubscriber for FanOut {
+    async fn subscribe(
+        &self,
+        shard: &ShardId,
+        from: &ReadFrom,
+    ) -> Result<Box<dyn ShardEvents>, KinesisError> {
+        let subscription = self.kinesis.subscribe(&self.consumer, shard, from).await?;
+        Ok(Box::new(subscription))
+    }
+}
+
+#[async_trait]
+impl ShardEvents for Subscription {
+    async fn next(&mut self) -> Result<Option<FanOutEvent>, KinesisError> {
+        Subscription::next(self).await
+    }
+}
+
 /// What every reader of a subscription shares.
 #[derive(Clone)]
 pub(crate) struct ReaderContext {
     /// Iterators and GetRecords.
     pub reads: Arc<dyn ShardReads>,
-    /// The stream consumer to subscribe through (enhanced fan-out);
-    /// `None`: poll.
-    pub fan_out: Option<FanOut>,
+    /// Where to subscribe (enhanced fan-out); `None`: poll.
+    pub fan_out: Option<Arc<dyn ShardSubscriber>>,
     /// The subscription.
     pub subscription: Arc<SubscriptionConfig>,
     /// The subscription channel.
@@ -345,7 +386,7 @@ impl ShardReader {
         }
         let mut reading = Reading::new(&self.ctx, &self.shard);
         if let Some(fan_out) = self.ctx.fan_out.clone() {
-            return self.subscribe_loop(&fan_out, &mut reading).await;
+            return self.subscribe_loop(&*fan_out, &mut reading).await;
         }
         loop {
             if let Some(next) = reading.pace.next_read()

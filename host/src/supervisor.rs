@@ -71,6 +71,19 @@ fn load(
     config: &Config,
     telemetry: Option<Arc<Telemetry>>,
 ) -> anyhow::Result<(PluginHost, Vec<LoadedSubscription>)> {
+    let plugins = plugin_host(config, telemetry)?;
+    let loaded = config
+        .subscriptions
+        .iter()
+        .enumerate()
+        .map(|(i, sub)| load_subscription(&plugins, i, sub))
+        .collect::<anyhow::Result<_>>()?;
+    Ok((plugins, loaded))
+}
+
+/// The engine every plugin runs in, sized for the most demanding
+/// subscription, with the compile cache when one is configured and usable.
+fn plugin_host(config: &Config, telemetry: Option<Arc<Telemetry>>) -> anyhow::Result<PluginHost> {
     let max_memory = config
         .subscriptions
         .iter()
@@ -94,68 +107,75 @@ fn load(
     let plugins = PluginHost::new(max_memory, config.max_core_instances, fuel)
         .context("cannot start the WebAssembly engine")?
         .with_cache(cache);
-    let plugins = match telemetry {
+    Ok(match telemetry {
         Some(telemetry) => plugins.with_telemetry(telemetry),
         None => plugins,
+    })
+}
+
+/// Loads subscription `i`'s plugin (and its canary's candidate) and
+/// checks that its world fits the config.
+///
+/// # Errors
+/// One line naming the subscription, the plugin and the reason.
+fn load_subscription(
+    plugins: &PluginHost,
+    i: usize,
+    sub: &SubscriptionConfig,
+) -> anyhow::Result<LoadedSubscription> {
+    let load = |path: &std::path::Path| {
+        plugins.load(
+            path,
+            sub.name.clone(),
+            sub.handler_timeout,
+            sub.sandbox.clone(),
+        )
     };
-    let mut loaded = Vec::new();
-    for (i, sub) in config.subscriptions.iter().enumerate() {
-        let load = |path: &std::path::Path| {
-            plugins.load(
-                path,
-                sub.name.clone(),
-                sub.handler_timeout,
-                sub.sandbox.clone(),
-            )
-        };
-        let plugin =
-            load(&sub.plugin).with_context(|| format!("subscription[{i}] ({})", sub.name))?;
-        match (plugin.world(), sub.batch) {
-            (World::BatchHandler, None) => anyhow::bail!(
-                "subscription[{i}] ({}): plugin {} implements batch-handler (exports `handle-batch`): set `batch_size` for it",
-                sub.name,
-                sub.plugin.display()
-            ),
-            (World::RecordHandler, Some(_)) => anyhow::bail!(
-                "subscription[{i}] ({}): `batch_size` needs a batch-handler plugin, but {} implements record-handler (exports `handle`, not `handle-batch`)",
-                sub.name,
-                sub.plugin.display()
-            ),
-            _ => {}
-        }
-        tracing::info!(
-            subscription = %sub.name, plugin = %sub.plugin.display(), digest = %plugin.digest(),
-            world = %plugin.world(), contract = %plugin.contract(), mode = ?sub.dispatch, batch = ?sub.batch, "plugin loaded"
-        );
-        let canary = match &sub.canary {
-            None => None,
-            Some(canary) => {
-                let candidate = load(&canary.plugin)
-                    .with_context(|| format!("subscription[{i}] ({}): canary", sub.name))?;
-                if candidate.world() != plugin.world() {
-                    anyhow::bail!(
-                        "subscription[{i}] ({}): canary.plugin {} implements {}, but plugin {} implements {}: a canary must implement the same world",
-                        sub.name,
-                        canary.plugin.display(),
-                        candidate.world(),
-                        sub.plugin.display(),
-                        plugin.world()
-                    );
-                }
-                tracing::info!(
-                    subscription = %sub.name, plugin = %canary.plugin.display(), digest = %candidate.digest(),
-                    key_fraction = canary.slice.fraction(), "canary loaded"
-                );
-                Some(candidate)
-            }
-        };
-        loaded.push(LoadedSubscription {
-            config: Arc::new(sub.clone()),
-            plugin,
-            canary,
-        });
+    let plugin = load(&sub.plugin).with_context(|| format!("subscription[{i}] ({})", sub.name))?;
+    match (plugin.world(), sub.batch) {
+        (World::BatchHandler, None) => anyhow::bail!(
+            "subscription[{i}] ({}): plugin {} implements batch-handler (exports `handle-batch`): set `batch_size` for it",
+            sub.name,
+            sub.plugin.display()
+        ),
+        (World::RecordHandler, Some(_)) => anyhow::bail!(
+            "subscription[{i}] ({}): `batch_size` needs a batch-handler plugin, but {} implements record-handler (exports `handle`, not `handle-batch`)",
+            sub.name,
+            sub.plugin.display()
+        ),
+        _ => {}
     }
-    Ok((plugins, loaded))
+    tracing::info!(
+        subscription = %sub.name, plugin = %sub.plugin.display(), digest = %plugin.digest(),
+        world = %plugin.world(), contract = %plugin.contract(), mode = ?sub.dispatch, batch = ?sub.batch, "plugin loaded"
+    );
+    let canary = match &sub.canary {
+        None => None,
+        Some(canary) => {
+            let candidate = load(&canary.plugin)
+                .with_context(|| format!("subscription[{i}] ({}): canary", sub.name))?;
+            if candidate.world() != plugin.world() {
+                anyhow::bail!(
+                    "subscription[{i}] ({}): canary.plugin {} implements {}, but plugin {} implements {}: a canary must implement the same world",
+                    sub.name,
+                    canary.plugin.display(),
+                    candidate.world(),
+                    sub.plugin.display(),
+                    plugin.world()
+                );
+            }
+            tracing::info!(
+                subscription = %sub.name, plugin = %canary.plugin.display(), digest = %candidate.digest(),
+                key_fraction = canary.slice.fraction(), "canary loaded"
+            );
+            Some(candidate)
+        }
+    };
+    Ok(LoadedSubscription {
+        config: Arc::new(sub.clone()),
+        plugin,
+        canary,
+    })
 }
 
 /// Runs every subscription of `config` until `shutdown` completes, then

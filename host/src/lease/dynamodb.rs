@@ -131,6 +131,75 @@ fn decode(key: LeaseKey, item: &HashMap<String, AttributeValue>) -> Result<Lease
     })
 }
 
+/// Creates the lease table (on demand, keyed by group and shard); a table
+/// another instance created meanwhile is as good.
+async fn create_table(client: &Client, table: &str) -> anyhow::Result<()> {
+    let attribute = |name| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(ScalarAttributeType::S)
+            .build()
+    };
+    let key = |name, kind| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+    };
+    let created = client
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(attribute(GROUP)?)
+        .attribute_definitions(attribute(SHARD)?)
+        .key_schema(key(GROUP, KeyType::Hash)?)
+        .key_schema(key(SHARD, KeyType::Range)?)
+        .send()
+        .await;
+    match created {
+        Ok(_) => tracing::info!(table, "lease table created"),
+        // Another instance created it first.
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_resource_in_use_exception()) => {}
+        Err(e) => anyhow::bail!(
+            "cannot create lease table {table:?}: {}",
+            DisplayErrorContext(&e)
+        ),
+    }
+    Ok(())
+}
+
+/// Waits, up to [`TABLE_ACTIVE_TIMEOUT`], for the table to be ACTIVE
+/// (creation is asynchronous).
+async fn wait_until_active(client: &Client, table: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + TABLE_ACTIVE_TIMEOUT;
+    loop {
+        let status = client
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot describe lease table {table:?}: {}",
+                    DisplayErrorContext(&e)
+                )
+            })?
+            .table()
+            .and_then(|t| t.table_status().cloned());
+        if status == Some(TableStatus::Active) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "lease table {table:?} not ACTIVE within {TABLE_ACTIVE_TIMEOUT:?} (status {status:?})"
+        );
+        // Polling the table's status: creation is asynchronous.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 impl DynamoDbLeaseStore {
     /// A store on `table`. With `create`, creates the table when it does not
     /// exist and waits until it is ACTIVE; without, checks that it exists.
@@ -150,78 +219,14 @@ impl DynamoDbLeaseStore {
                     create,
                     "lease table {table:?} does not exist (set `lease.create_table = true` to create it)"
                 );
-                let created = client
-                    .create_table()
-                    .table_name(table)
-                    .billing_mode(BillingMode::PayPerRequest)
-                    .attribute_definitions(
-                        AttributeDefinition::builder()
-                            .attribute_name(GROUP)
-                            .attribute_type(ScalarAttributeType::S)
-                            .build()?,
-                    )
-                    .attribute_definitions(
-                        AttributeDefinition::builder()
-                            .attribute_name(SHARD)
-                            .attribute_type(ScalarAttributeType::S)
-                            .build()?,
-                    )
-                    .key_schema(
-                        KeySchemaElement::builder()
-                            .attribute_name(GROUP)
-                            .key_type(KeyType::Hash)
-                            .build()?,
-                    )
-                    .key_schema(
-                        KeySchemaElement::builder()
-                            .attribute_name(SHARD)
-                            .key_type(KeyType::Range)
-                            .build()?,
-                    )
-                    .send()
-                    .await;
-                match created {
-                    Ok(_) => tracing::info!(table, "lease table created"),
-                    // Another instance created it first.
-                    Err(e)
-                        if e.as_service_error()
-                            .is_some_and(|s| s.is_resource_in_use_exception()) => {}
-                    Err(e) => anyhow::bail!(
-                        "cannot create lease table {table:?}: {}",
-                        DisplayErrorContext(&e)
-                    ),
-                }
+                create_table(&client, table).await?;
             }
             Err(e) => anyhow::bail!(
                 "cannot describe lease table {table:?}: {}",
                 DisplayErrorContext(&e)
             ),
         }
-        let deadline = tokio::time::Instant::now() + TABLE_ACTIVE_TIMEOUT;
-        loop {
-            let status = client
-                .describe_table()
-                .table_name(table)
-                .send()
-                .await
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "cannot describe lease table {table:?}: {}",
-                        DisplayErrorContext(&e)
-                    )
-                })?
-                .table()
-                .and_then(|t| t.table_status().cloned());
-            if status == Some(TableStatus::Active) {
-                break;
-            }
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "lease table {table:?} not ACTIVE within {TABLE_ACTIVE_TIMEOUT:?} (status {status:?})"
-            );
-            // Polling the table's status: creation is asynchronous.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_until_active(&client, table).await?;
         Ok(Self {
             client,
             table: table.to_owned(),

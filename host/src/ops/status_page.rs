@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 
 use super::OpsState;
 use crate::ids::OwnerId;
+use crate::telemetry::SubscriptionStatus;
 use crate::telemetry::status::{LeaseChange, VersionOutcomes};
 
 /// The page's script (see the module docs).
@@ -149,76 +150,82 @@ pub(super) fn page(state: &OpsState) -> String {
         state.telemetry.ready()
     );
     for (name, status) in state.telemetry.subscriptions() {
-        let _ = write!(
-            html,
-            "<section class=\"subscription\" data-name=\"{n}\"><h2>{n}</h2><p>plugin <code class=\"digest\">{}</code> · mode {}</p>\
-             <p>calls per second <span class=\"calls-rate\"></span></p>",
-            escape(&status.digest()),
-            escape(status.mode()),
-            n = escape(name.as_str())
-        );
-        if let Some(canary) = status.canary() {
-            let _ = write!(
-                html,
-                "<p class=\"canary\">canary <code>{}</code></p>",
-                escape(&canary)
-            );
-        }
-        html.push_str("<table class=\"versions\"><tr><th>version</th><th>digest</th><th>records/s</th><th>ack</th><th>retry</th><th>reject</th><th>failed</th><th>not acked, last 5 min</th></tr>");
-        for v in status.versions() {
-            let o = v.outcomes;
-            let _ = write!(
-                html,
-                "<tr class=\"version {role}\" data-role=\"{role}\"><td>{role}</td><td><code>{}</code></td><td class=\"rate num\"></td>\
-                 <td class=\"ack num\">{}</td><td class=\"retry num\">{}</td><td class=\"reject num\">{}</td><td class=\"failed num\">{}</td><td class=\"errors\"></td></tr>",
-                escape(&v.digest),
-                o.ack,
-                o.retry,
-                o.reject,
-                o.failed,
-                role = v.role,
-            );
-        }
-        html.push_str("</table><table class=\"shards\"><tr><th>shard</th><th>owner</th><th>checkpoint</th><th>behind (ms)</th><th>lag, last 5 min</th><th>records/s, last 5 min</th><th>state</th></tr>");
-        for (shard, s) in status.shards() {
-            let checkpoint = s
-                .checkpoint
-                .as_ref()
-                .map_or(String::new(), ToString::to_string);
-            let _ = write!(
-                html,
-                "<tr class=\"shard\" data-shard=\"{sh}\"><td>{sh}</td><td class=\"owner\">{}</td><td class=\"checkpoint\" title=\"{cp}\">{}</td><td class=\"behind num\">{}</td><td class=\"lag\"></td><td class=\"records\"></td><td class=\"state\">{}</td></tr>",
-                escape(s.owner.as_ref().map_or("", OwnerId::as_str)),
-                escape(&short(&checkpoint)),
-                s.behind_ms.map(|m| m.to_string()).unwrap_or_default(),
-                s.state,
-                sh = escape(shard.as_str()),
-                cp = escape(&checkpoint),
-            );
-        }
-        html.push_str("</table><table class=\"lanes\"><tr><th>lane</th><th>calls</th><th>calls/s, last 5 min</th></tr>");
-        for (lane, calls) in status.lanes() {
-            let _ = write!(
-                html,
-                "<tr class=\"lane\" data-lane=\"{lane}\"><td>{lane}</td><td class=\"calls num\">{calls}</td><td class=\"load\"></td></tr>"
-            );
-        }
-        html.push_str("</table><h3>lease changes</h3><table class=\"leases\"><thead><tr><th>when</th><th>shard</th><th>from</th><th>to</th></tr></thead><tbody>");
-        for c in status.lease_changes() {
-            let c = LeaseChangeSnapshot::from(c);
-            let _ = write!(
-                html,
-                "<tr class=\"lease-change\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                humantime::format_rfc3339_seconds(
-                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(c.at_ms)
-                ),
-                escape(&c.shard),
-                escape(c.from.as_deref().unwrap_or("—")),
-                escape(c.to.as_deref().unwrap_or("—")),
-            );
-        }
-        html.push_str("</tbody></table></section>");
+        subscription(&mut html, name.as_str(), &status);
     }
     let _ = write!(html, "<script>{LIVE_JS}</script></body></html>");
     html
+}
+
+/// One subscription's section: its versions, shards, lanes and latest
+/// lease changes.
+fn subscription(html: &mut String, name: &str, status: &SubscriptionStatus) {
+    let _ = write!(
+        html,
+        "<section class=\"subscription\" data-name=\"{n}\"><h2>{n}</h2><p>plugin <code class=\"digest\">{}</code> · mode {}</p>\
+         <p>calls per second <span class=\"calls-rate\"></span></p>",
+        escape(&status.digest()),
+        escape(status.mode()),
+        n = escape(name)
+    );
+    if let Some(canary) = status.canary() {
+        let _ = write!(
+            html,
+            "<p class=\"canary\">canary <code>{}</code></p>",
+            escape(&canary)
+        );
+    }
+    html.push_str("<table class=\"versions\"><tr><th>version</th><th>digest</th><th>records/s</th><th>ack</th><th>retry</th><th>reject</th><th>failed</th><th>not acked, last 5 min</th></tr>");
+    for v in status.versions() {
+        let o = v.outcomes;
+        let _ = write!(
+            html,
+            "<tr class=\"version {role}\" data-role=\"{role}\"><td>{role}</td><td><code>{}</code></td><td class=\"rate num\"></td>\
+             <td class=\"ack num\">{}</td><td class=\"retry num\">{}</td><td class=\"reject num\">{}</td><td class=\"failed num\">{}</td><td class=\"errors\"></td></tr>",
+            escape(&v.digest),
+            o.ack,
+            o.retry,
+            o.reject,
+            o.failed,
+            role = v.role,
+        );
+    }
+    html.push_str("</table><table class=\"shards\"><tr><th>shard</th><th>owner</th><th>checkpoint</th><th>behind (ms)</th><th>lag, last 5 min</th><th>records/s, last 5 min</th><th>state</th></tr>");
+    for (shard, s) in status.shards() {
+        let checkpoint = s
+            .checkpoint
+            .as_ref()
+            .map_or(String::new(), ToString::to_string);
+        let _ = write!(
+            html,
+            "<tr class=\"shard\" data-shard=\"{sh}\"><td>{sh}</td><td class=\"owner\">{}</td><td class=\"checkpoint\" title=\"{cp}\">{}</td><td class=\"behind num\">{}</td><td class=\"lag\"></td><td class=\"records\"></td><td class=\"state\">{}</td></tr>",
+            escape(s.owner.as_ref().map_or("", OwnerId::as_str)),
+            escape(&short(&checkpoint)),
+            s.behind_ms.map(|m| m.to_string()).unwrap_or_default(),
+            s.state,
+            sh = escape(shard.as_str()),
+            cp = escape(&checkpoint),
+        );
+    }
+    html.push_str("</table><table class=\"lanes\"><tr><th>lane</th><th>calls</th><th>calls/s, last 5 min</th></tr>");
+    for (lane, calls) in status.lanes() {
+        let _ = write!(
+            html,
+            "<tr class=\"lane\" data-lane=\"{lane}\"><td>{lane}</td><td class=\"calls num\">{calls}</td><td class=\"load\"></td></tr>"
+        );
+    }
+    html.push_str("</table><h3>lease changes</h3><table class=\"leases\"><thead><tr><th>when</th><th>shard</th><th>from</th><th>to</th></tr></thead><tbody>");
+    for c in status.lease_changes() {
+        let c = LeaseChangeSnapshot::from(c);
+        let _ = write!(
+            html,
+            "<tr class=\"lease-change\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(c.at_ms)
+            ),
+            escape(&c.shard),
+            escape(c.from.as_deref().unwrap_or("—")),
+            escape(c.to.as_deref().unwrap_or("—")),
+        );
+    }
+    html.push_str("</tbody></table></section>");
 }

@@ -24,9 +24,9 @@
 
 use std::time::Duration;
 
-use super::{FanOut, ReaderExit, Reading, ShardReader};
+use super::{ReaderExit, Reading, ShardEvents, ShardReader, ShardSubscriber};
 use crate::ids::Position;
-use crate::kinesis::{KinesisError, ReadFrom};
+use crate::kinesis::{FanOutEvent, KinesisError, ReadFrom};
 use crate::settlement::SettlementMsg;
 
 /// A subscription that sends no event for this long is replaced (Kinesis
@@ -41,131 +41,165 @@ impl ShardReader {
     /// ends (module docs).
     pub(super) async fn subscribe_loop(
         &mut self,
-        fan_out: &FanOut,
+        fan_out: &dyn ShardSubscriber,
         reading: &mut Reading,
     ) -> ReaderExit {
-        let sub = self.ctx.subscription.name.clone();
         loop {
             if self.lease_valid().await.is_none() {
                 return ReaderExit::Cancelled;
             }
-            let subscribe =
-                fan_out
-                    .kinesis
-                    .subscribe(&fan_out.consumer, &self.shard, &self.position);
-            let subscribed = tokio::select! {
-                _ = self.cancel.cancelled() => return ReaderExit::Cancelled,
-                r = subscribe => r,
+            let subscription = match self.subscribe(fan_out, reading).await {
+                Ok(Some(subscription)) => subscription,
+                Ok(None) => continue,
+                Err(exit) => return exit,
             };
-            let mut subscription = match subscribed {
-                Ok(s) => s,
-                Err(e) => {
-                    let wait = reading.backoff.next_wait();
-                    if let KinesisError::Throttled(_) = e {
-                        reading.throttles.inc();
-                    }
-                    tracing::warn!(subscription = %sub, shard_id = %self.shard, error = %e, ?wait, "cannot subscribe to the shard; retrying");
-                    if self.sleep(wait).await.is_err() {
-                        return ReaderExit::Cancelled;
-                    }
-                    continue;
-                }
-            };
-            self.opened_at_position();
-            tracing::info!(subscription = %sub, shard_id = %self.shard, position = ?self.position, "subscribed to the shard");
-            self.ctx.status.reader_positioned(&self.shard);
-            let mut quiet_since = tokio::time::Instant::now();
-            let mut events = 0u64;
-            loop {
-                let until = *self.valid_until.borrow();
-                let next = tokio::select! {
-                    _ = self.cancel.cancelled() => return ReaderExit::Cancelled,
-                    // Past the lease's validity: no subscription is kept
-                    // open on a lease that may have changed hands (the
-                    // outer loop waits for a renewal, or for the stop).
-                    _ = tokio::time::sleep_until(until) => {
-                        if tokio::time::Instant::now() < *self.valid_until.borrow() {
-                            // Renewed meanwhile.
-                            continue;
-                        }
-                        tracing::warn!(subscription = %sub, shard_id = %self.shard, "lease not renewed within its duration; subscription closed until it is");
-                        break;
-                    }
-                    _ = tokio::time::sleep(EVENT_TIMEOUT) => {
-                        tracing::warn!(subscription = %sub, shard_id = %self.shard, timeout = ?EVENT_TIMEOUT, "no event from the shard subscription; subscribing again");
-                        break;
-                    }
-                    e = subscription.next() => e,
-                };
-                let event = match next {
-                    Ok(Some(event)) => event,
-                    Ok(None) => {
-                        tracing::debug!(subscription = %sub, shard_id = %self.shard, events, "shard subscription ended; subscribing again");
-                        if events == 0 {
-                            // Ended before its first event: not the
-                            // five-minute end. Back off before the next.
-                            let wait = reading.backoff.next_wait();
-                            if self.sleep(wait).await.is_err() {
-                                return ReaderExit::Cancelled;
-                            }
-                        }
-                        break;
-                    }
-                    Err(KinesisError::Malformed(e)) => {
-                        tracing::error!(subscription = %sub, shard_id = %self.shard, error = %e, "bad sequence number from Kinesis; reader stops");
-                        return ReaderExit::Cancelled;
-                    }
-                    Err(e) => {
-                        let wait = reading.backoff.next_wait();
-                        tracing::warn!(subscription = %sub, shard_id = %self.shard, error = %e, ?wait, "shard subscription failed; subscribing again");
-                        if self.sleep(wait).await.is_err() {
-                            return ReaderExit::Cancelled;
-                        }
-                        break;
-                    }
-                };
-                events += 1;
-                reading.backoff.reset();
-                reading.behind.set(event.millis_behind);
-                self.ctx.status.lag(&self.shard, event.millis_behind);
-                if event.records.is_empty() {
-                    reading.reads_empty.inc();
-                } else {
-                    quiet_since = tokio::time::Instant::now();
-                    reading.reads_with_records.inc();
-                    if !self.hand_out(event.records, reading).await {
-                        return ReaderExit::Cancelled;
-                    }
-                }
-                if let Some(continuation) = event.continuation {
-                    let next = Position::whole(continuation);
-                    let ahead = match &self.position {
-                        ReadFrom::After(p) => &next > p,
-                        ReadFrom::Start(_) => true,
-                    };
-                    if ahead && self.skip_through.is_none() {
-                        self.position = ReadFrom::After(next);
-                    }
-                }
-                let mut ended = event.shard_ended;
-                if !ended && quiet_since.elapsed() >= PROBE_AFTER {
-                    quiet_since = tokio::time::Instant::now();
-                    ended = self.probe_end().await;
-                }
-                if ended {
-                    tracing::info!(subscription = %sub, shard_id = %self.shard, "shard read to its end");
-                    let end = SettlementMsg::End {
-                        shard: self.shard.clone(),
-                        session: self.session,
-                    };
-                    return if self.send_settlement(end).await {
-                        ReaderExit::ShardEnd
-                    } else {
-                        ReaderExit::Cancelled
-                    };
-                }
+            if let Some(exit) = self.read_events(subscription, reading).await {
+                return exit;
             }
         }
+    }
+
+    /// Subscribes to the shard at the reader's position; `Ok(None)` after
+    /// a failure it backed off from.
+    async fn subscribe(
+        &mut self,
+        fan_out: &dyn ShardSubscriber,
+        reading: &mut Reading,
+    ) -> Result<Option<Box<dyn ShardEvents>>, ReaderExit> {
+        let subscribe = fan_out.subscribe(&self.shard, &self.position);
+        let subscribed = tokio::select! {
+            _ = self.cancel.cancelled() => return Err(ReaderExit::Cancelled),
+            r = subscribe => r,
+        };
+        match subscribed {
+            Ok(subscription) => {
+                self.opened_at_position();
+                tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, position = ?self.position, "subscribed to the shard");
+                self.ctx.status.reader_positioned(&self.shard);
+                Ok(Some(subscription))
+            }
+            Err(e) => {
+                let wait = reading.backoff.next_wait();
+                if let KinesisError::Throttled(_) = e {
+                    reading.throttles.inc();
+                }
+                tracing::warn!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, error = %e, ?wait, "cannot subscribe to the shard; retrying");
+                self.sleep(wait).await.map(|()| None)
+            }
+        }
+    }
+
+    /// Hands out a subscription's events until it ends, fails, stays
+    /// silent or outlives the lease's validity (`None`: subscribe again),
+    /// or until the reader ends (`Some`).
+    async fn read_events(
+        &mut self,
+        mut subscription: Box<dyn ShardEvents>,
+        reading: &mut Reading,
+    ) -> Option<ReaderExit> {
+        let sub = self.ctx.subscription.name.clone();
+        let mut quiet_since = tokio::time::Instant::now();
+        let mut events = 0u64;
+        loop {
+            let until = *self.valid_until.borrow();
+            let next = tokio::select! {
+                _ = self.cancel.cancelled() => return Some(ReaderExit::Cancelled),
+                // Past the lease's validity: no subscription is kept open
+                // on a lease that may have changed hands (the caller waits
+                // for a renewal, or for the stop).
+                _ = tokio::time::sleep_until(until) => {
+                    if tokio::time::Instant::now() < *self.valid_until.borrow() {
+                        // Renewed meanwhile.
+                        continue;
+                    }
+                    tracing::warn!(subscription = %sub, shard_id = %self.shard, "lease not renewed within its duration; subscription closed until it is");
+                    return None;
+                }
+                _ = tokio::time::sleep(EVENT_TIMEOUT) => {
+                    tracing::warn!(subscription = %sub, shard_id = %self.shard, timeout = ?EVENT_TIMEOUT, "no event from the shard subscription; subscribing again");
+                    return None;
+                }
+                e = subscription.next() => e,
+            };
+            let event = match next {
+                Ok(Some(event)) => event,
+                Ok(None) => {
+                    tracing::debug!(subscription = %sub, shard_id = %self.shard, events, "shard subscription ended; subscribing again");
+                    if events == 0 {
+                        // Ended before its first event: not the five-minute
+                        // end. Back off before the next.
+                        let wait = reading.backoff.next_wait();
+                        return self.sleep(wait).await.err();
+                    }
+                    return None;
+                }
+                Err(KinesisError::Malformed(e)) => {
+                    tracing::error!(subscription = %sub, shard_id = %self.shard, error = %e, "bad sequence number from Kinesis; reader stops");
+                    return Some(ReaderExit::Cancelled);
+                }
+                Err(e) => {
+                    let wait = reading.backoff.next_wait();
+                    tracing::warn!(subscription = %sub, shard_id = %self.shard, error = %e, ?wait, "shard subscription failed; subscribing again");
+                    return self.sleep(wait).await.err();
+                }
+            };
+            events += 1;
+            if let Some(exit) = self.on_event(event, reading, &mut quiet_since).await {
+                return Some(exit);
+            }
+        }
+    }
+
+    /// One event: its records handed out, the position moved to its
+    /// continuation, and the shard's end told (by the event, or by a
+    /// probe of a shard quiet for [`PROBE_AFTER`]). `Some` when the reader
+    /// ends.
+    async fn on_event(
+        &mut self,
+        event: FanOutEvent,
+        reading: &mut Reading,
+        quiet_since: &mut tokio::time::Instant,
+    ) -> Option<ReaderExit> {
+        reading.backoff.reset();
+        reading.behind.set(event.millis_behind);
+        self.ctx.status.lag(&self.shard, event.millis_behind);
+        if event.records.is_empty() {
+            reading.reads_empty.inc();
+        } else {
+            *quiet_since = tokio::time::Instant::now();
+            reading.reads_with_records.inc();
+            if !self.hand_out(event.records, reading).await {
+                return Some(ReaderExit::Cancelled);
+            }
+        }
+        if let Some(continuation) = event.continuation {
+            let next = Position::whole(continuation);
+            let ahead = match &self.position {
+                ReadFrom::After(p) => &next > p,
+                ReadFrom::Start(_) => true,
+            };
+            if ahead && self.skip_through.is_none() {
+                self.position = ReadFrom::After(next);
+            }
+        }
+        let mut ended = event.shard_ended;
+        if !ended && quiet_since.elapsed() >= PROBE_AFTER {
+            *quiet_since = tokio::time::Instant::now();
+            ended = self.probe_end().await;
+        }
+        if !ended {
+            return None;
+        }
+        tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "shard read to its end");
+        let end = SettlementMsg::End {
+            shard: self.shard.clone(),
+            session: self.session,
+        };
+        Some(if self.send_settlement(end).await {
+            ReaderExit::ShardEnd
+        } else {
+            ReaderExit::Cancelled
+        })
     }
 
     /// Whether the shard is closed and read to its end: one GetRecords

@@ -131,3 +131,6 @@ impl ReaderPool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -133,6 +133,16 @@ struct Harness {
 }
 
 fn start(script: Script, from: ReadFrom, valid_for: Option<Duration>) -> Harness {
+    start_with(script, None, from, valid_for)
+}
+
+/// [`start`], reading through `fan_out` when given.
+fn start_with(
+    script: Script,
+    fan_out: Option<Arc<dyn ShardSubscriber>>,
+    from: ReadFrom,
+    valid_for: Option<Duration>,
+) -> Harness {
     let toml = "[[subscription]]\nname = \"s\"\nstream = \"orders\"\nplugin = \"p.wasm\"\n";
     let config = Config::parse(toml, std::path::Path::new("test.toml")).unwrap();
     let subscription = Arc::new(config.subscriptions[0].clone());
@@ -143,7 +153,7 @@ fn start(script: Script, from: ReadFrom, valid_for: Option<Duration>) -> Harness
     let script = Arc::new(script);
     let ctx = ReaderContext {
         reads: script.clone(),
-        fan_out: None,
+        fan_out,
         subscription,
         deliveries: deliveries_tx,
         settlement: settlement_tx,
@@ -365,6 +375,120 @@ async fn a_malformed_page_stops_the_reader_and_a_hung_read_yields_to_cancellatio
     let mut h = start(script, after(0), None);
     tokio::time::sleep(Duration::from_secs(5)).await;
     h.cancel.cancel();
+    assert_eq!(h.exit().await, ReaderExit::Cancelled);
+    assert_eq!(h.told(), ["open 7", "close 0"]);
+}
+
+/// Scripted shard subscriptions: each `subscribe` takes the next answer,
+/// a refusal or a list of events (past them, the subscription ends).
+#[derive(Default)]
+struct Feed {
+    answers: Mutex<VecDeque<Result<Vec<FanOutEvent>, KinesisError>>>,
+    subscribed: Mutex<Vec<ReadFrom>>,
+}
+
+impl Feed {
+    fn then(self, answer: Result<Vec<FanOutEvent>, KinesisError>) -> Self {
+        self.answers.lock().unwrap().push_back(answer);
+        self
+    }
+}
+
+struct Events(VecDeque<FanOutEvent>);
+
+#[async_trait]
+impl ShardEvents for Events {
+    async fn next(&mut self) -> Result<Option<FanOutEvent>, KinesisError> {
+        Ok(self.0.pop_front())
+    }
+}
+
+#[async_trait]
+impl ShardSubscriber for Feed {
+    async fn subscribe(
+        &self,
+        _shard: &ShardId,
+        from: &ReadFrom,
+    ) -> Result<Box<dyn ShardEvents>, KinesisError> {
+        self.subscribed.lock().unwrap().push(from.clone());
+        let answer = self.answers.lock().unwrap().pop_front();
+        let events =
+            answer.unwrap_or_else(|| panic!("a subscription past the script, {from:?}"))?;
+        Ok(Box::new(Events(events.into())))
+    }
+}
+
+/// An event with the records `seqs`, continuing after `continuation`
+/// (`None`: the shard's last event).
+fn event(seqs: &[u64], continuation: Option<u64>) -> FanOutEvent {
+    FanOutEvent {
+        records: page(seqs, None).unwrap().records,
+        continuation: continuation.map(|c| SequenceNumber::parse(&c.to_string()).unwrap()),
+        millis_behind: 0,
+        shard_ended: continuation.is_none(),
+    }
+}
+
+/// Catches a fan-out reader that subscribes again anywhere but after the
+/// last continuation (at its first position records would be handed out
+/// twice), that retries a refused subscription elsewhere, or that misses
+/// the shard's end.
+#[tokio::test(start_paused = true)]
+async fn fan_out_resumes_after_the_last_continuation_and_reports_the_end() {
+    let feed = Arc::new(
+        Feed::default()
+            .then(Err(KinesisError::Throttled("in use".into())))
+            .then(Ok(vec![event(&[1, 2], Some(2)), event(&[3], Some(3))]))
+            .then(Ok(vec![event(&[4], None)])),
+    );
+    let mut h = start_with(
+        Script::default(),
+        Some(feed.clone()),
+        ReadFrom::Start(StartPosition::TrimHorizon),
+        None,
+    );
+    for (i, expected) in ["1", "2", "3", "4"].into_iter().enumerate() {
+        assert_eq!(h.next().await, (expected.to_owned(), i as u64));
+    }
+    assert_eq!(h.exit().await, ReaderExit::ShardEnd);
+    assert_eq!(
+        h.told(),
+        ["open 7", "track 1,2", "track 3", "track 4", "end"]
+    );
+    assert_eq!(
+        *feed.subscribed.lock().unwrap(),
+        [
+            ReadFrom::Start(StartPosition::TrimHorizon),
+            ReadFrom::Start(StartPosition::TrimHorizon),
+            after(3),
+        ]
+    );
+    assert!(h.script.calls().is_empty(), "nothing polled");
+}
+
+/// Catches a fan-out reader that skips an event it cannot read instead
+/// of stopping.
+#[tokio::test(start_paused = true)]
+async fn fan_out_stops_at_a_malformed_event() {
+    struct Bad;
+    #[async_trait]
+    impl ShardEvents for Bad {
+        async fn next(&mut self) -> Result<Option<FanOutEvent>, KinesisError> {
+            Err(KinesisError::Malformed("continuation \"x\"".into()))
+        }
+    }
+    struct OneBad;
+    #[async_trait]
+    impl ShardSubscriber for OneBad {
+        async fn subscribe(
+            &self,
+            _shard: &ShardId,
+            _from: &ReadFrom,
+        ) -> Result<Box<dyn ShardEvents>, KinesisError> {
+            Ok(Box::new(Bad))
+        }
+    }
+    let mut h = start_with(Script::default(), Some(Arc::new(OneBad)), after(0), None);
     assert_eq!(h.exit().await, ReaderExit::Cancelled);
     assert_eq!(h.told(), ["open 7", "close 0"]);
 }

@@ -300,33 +300,18 @@ impl DynamoDbLeaseStore {
         writes: &[StateWrite],
     ) -> Result<HeldLease, LeaseError> {
         let sub = &held.key.subscription;
-        let lease_group = group(sub, &held.key.stream);
-        let shard = held.key.shard.as_str();
         let mut held = held.clone();
         let mut renewed = Instant::now();
         // 0. The lease is ours; roll its last commit forward.
         let lease = self.own_lease(&held).await?;
         let previous = string(&lease, STATE_COMMIT);
-        let writing: HashSet<&str> = writes.iter().map(|w| w.key.as_str()).collect();
-        let mut previous_chunks = Vec::new();
-        if let Some(t0) = &previous {
-            let mut rolls = Window::default();
-            for (chunk, keys) in self.manifest(sub, t0).await? {
-                previous_chunks.push(chunk);
-                for key in keys.into_iter().filter(|k| !writing.contains(k.as_str())) {
-                    let (store, sub, t0) = (self.clone(), sub.clone(), t0.clone());
-                    rolls
-                        .push(async move {
-                            store
-                                .roll_forward(&sub, &PartitionKey::new(key.as_str()), &t0)
-                                .await
-                        })
-                        .await?;
-                    self.keep_alive(&mut held, &mut renewed).await?;
-                }
+        let previous_chunks = match &previous {
+            Some(t0) => {
+                self.roll_forward_all(&mut held, &mut renewed, t0, writes)
+                    .await?
             }
-            rolls.finish().await?;
-        }
+            None => Vec::new(),
+        };
         // 1. The manifest of a fresh tag.
         let tag = format!(
             "{}:{}:{}:{}",
@@ -335,32 +320,10 @@ impl DynamoDbLeaseStore {
             crate::clock::now_ms(),
             TAGS.fetch_add(1, Ordering::Relaxed)
         );
-        for (i, keys) in manifest_chunks(writes).into_iter().enumerate() {
-            self.client
-                .put_item()
-                .table_name(&self.table)
-                .item(GROUP, s(&manifest_group(sub, &tag)))
-                .item(SHARD, s(&format!("{i:06}")))
-                .item(KEYS, AttributeValue::L(keys))
-                .send()
-                .await
-                .map_err(failed)?;
-        }
+        self.write_manifest(sub, &tag, writes).await?;
         // 2. Pending values, each over the committed value it replaces.
-        let mut pending = Window::default();
-        for write in writes {
-            let (store, sub, write, tag) = (self.clone(), sub.clone(), write.clone(), tag.clone());
-            let (group, shard, previous) =
-                (lease_group.clone(), shard.to_owned(), previous.clone());
-            pending
-                .push(async move {
-                    let known = (group.as_str(), shard.as_str(), previous.as_deref());
-                    store.write_pending(&sub, &write, &tag, known).await
-                })
-                .await?;
-            self.keep_alive(&mut held, &mut renewed).await?;
-        }
-        pending.finish().await?;
+        self.write_all_pending(&mut held, &mut renewed, &tag, previous.as_deref(), writes)
+            .await?;
         // 3. The commit point.
         let now = self
             .update_held(
@@ -387,6 +350,93 @@ impl DynamoDbLeaseStore {
             }
         }
         Ok(now)
+    }
+
+    /// Step 0 of a commit: every key of the lease's last commit `t0` that
+    /// this one does not write again is rolled forward. Returns the chunks
+    /// of `t0`'s manifest (deleted once the new commit lands).
+    async fn roll_forward_all(
+        &self,
+        held: &mut HeldLease,
+        renewed: &mut Instant,
+        t0: &str,
+        writes: &[StateWrite],
+    ) -> Result<Vec<String>, LeaseError> {
+        let sub = &held.key.subscription.clone();
+        let writing: HashSet<&str> = writes.iter().map(|w| w.key.as_str()).collect();
+        let mut chunks = Vec::new();
+        let mut rolls = Window::default();
+        for (chunk, keys) in self.manifest(sub, t0).await? {
+            chunks.push(chunk);
+            for key in keys.into_iter().filter(|k| !writing.contains(k.as_str())) {
+                let (store, sub, t0) = (self.clone(), sub.clone(), t0.to_owned());
+                rolls
+                    .push(async move {
+                        store
+                            .roll_forward(&sub, &PartitionKey::new(key.as_str()), &t0)
+                            .await
+                    })
+                    .await?;
+                self.keep_alive(held, renewed).await?;
+            }
+        }
+        rolls.finish().await?;
+        Ok(chunks)
+    }
+
+    /// Step 1 of a commit: the keys it writes, under its `tag`.
+    async fn write_manifest(
+        &self,
+        sub: &SubscriptionName,
+        tag: &str,
+        writes: &[StateWrite],
+    ) -> Result<(), LeaseError> {
+        for (i, keys) in manifest_chunks(writes).into_iter().enumerate() {
+            self.client
+                .put_item()
+                .table_name(&self.table)
+                .item(GROUP, s(&manifest_group(sub, tag)))
+                .item(SHARD, s(&format!("{i:06}")))
+                .item(KEYS, AttributeValue::L(keys))
+                .send()
+                .await
+                .map_err(failed)?;
+        }
+        Ok(())
+    }
+
+    /// Step 2 of a commit: each write's pending value under `tag`, over
+    /// the committed value it replaces (the lease's last commit being
+    /// `previous`).
+    async fn write_all_pending(
+        &self,
+        held: &mut HeldLease,
+        renewed: &mut Instant,
+        tag: &str,
+        previous: Option<&str>,
+        writes: &[StateWrite],
+    ) -> Result<(), LeaseError> {
+        let sub = held.key.subscription.clone();
+        let lease_group = group(&sub, &held.key.stream);
+        let shard = held.key.shard.as_str().to_owned();
+        let mut pending = Window::default();
+        for write in writes {
+            let (store, sub, write, tag) =
+                (self.clone(), sub.clone(), write.clone(), tag.to_owned());
+            let (group, shard, previous) = (
+                lease_group.clone(),
+                shard.clone(),
+                previous.map(str::to_owned),
+            );
+            pending
+                .push(async move {
+                    let known = (group.as_str(), shard.as_str(), previous.as_deref());
+                    store.write_pending(&sub, &write, &tag, known).await
+                })
+                .await?;
+            self.keep_alive(held, renewed).await?;
+        }
+        pending.finish().await
     }
 
     /// Renews the lease when the commit has gone on for
