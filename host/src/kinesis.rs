@@ -29,7 +29,11 @@
 //! mid-call drop the call's future (e.g. in a `select!` with their cancel
 //! token): cancellation is not an error.
 
+mod error;
 mod fan_out;
+
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) use error::KinesisError;
 
 pub(crate) use fan_out::{ConsumerArn, FanOutEvent, Subscription};
 
@@ -37,10 +41,10 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_kinesis::Client;
-use aws_sdk_kinesis::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType};
 
+use crate::cause::Cause;
 use crate::config::{AwsConfig, StartPosition};
 use crate::ids::{PartitionKey, Position, SequenceNumber, ShardId, StreamName};
 
@@ -91,54 +95,6 @@ pub(crate) async fn dynamodb_client(aws: &AwsConfig) -> aws_sdk_dynamodb::Client
         config = config.endpoint_url(url);
     }
     aws_sdk_dynamodb::Client::from_conf(config.build())
-}
-
-/// Why a Kinesis call failed, by the kind of failure the caller acts on.
-#[derive(Debug, Clone, thiserror::Error)]
-#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
-pub(crate) enum KinesisError {
-    /// Over the stream's or account's throughput (or KMS's): back off and
-    /// try again; a reader keeps its iterator.
-    #[error("throttled: {0}")]
-    Throttled(String),
-    /// The shard iterator is older than five minutes: open a new one.
-    #[error("shard iterator expired")]
-    ExpiredIterator,
-    /// The stream (or shard) does not exist.
-    #[error("not found: {0}")]
-    NotFound(String),
-    /// Kinesis refused what was sent (an invalid argument, a failed
-    /// validation such as a record over its size): the same request would
-    /// be refused again.
-    #[error("refused: {0}")]
-    Refused(String),
-    /// Kinesis answered with something no caller can use (a malformed
-    /// sequence number): never seen in practice, and never skipped.
-    #[error("malformed answer: {0}")]
-    Malformed(String),
-    /// Anything else: the network, a timeout, a server error, access
-    /// denied. Worth retrying with backoff.
-    #[error("{0}")]
-    Failed(String),
-}
-
-/// The classifications every operation shares, from its error type's
-/// generated predicates (`is_*_exception`); `validation` is Kinesis's
-/// unmodeled `ValidationException`, known only by its error code.
-fn classify<E, R>(e: SdkError<E, R>, kind: impl FnOnce(&E) -> Option<KinesisError>) -> KinesisError
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    R: std::fmt::Debug,
-{
-    let text = || DisplayErrorContext(&e).to_string();
-    match e.as_service_error() {
-        Some(service) => match kind(service) {
-            Some(kind) => kind,
-            None if service.code() == Some("ValidationException") => KinesisError::Refused(text()),
-            None => KinesisError::Failed(text()),
-        },
-        None => KinesisError::Failed(text()),
-    }
 }
 
 /// Where a reader opens a shard.
@@ -317,19 +273,7 @@ impl Kinesis {
                 out.stream_description_summary()
                     .map(|s| s.stream_arn().to_owned())
             })
-            .map_err(|e| {
-                classify(e, |s| {
-                    if s.is_resource_not_found_exception() {
-                        Some(KinesisError::NotFound(stream.to_string()))
-                    } else if s.is_limit_exceeded_exception() {
-                        Some(KinesisError::Throttled(s.to_string()))
-                    } else if s.is_invalid_argument_exception() {
-                        Some(KinesisError::Refused(s.to_string()))
-                    } else {
-                        None
-                    }
-                })
-            })
+            .map_err(KinesisError::from_sdk)
     }
 
     /// Lists every shard of a stream, following pagination.
@@ -352,17 +296,7 @@ impl Kinesis {
                     .set_stream_name(stream.api_name())
                     .set_stream_arn(stream.api_arn()),
             };
-            let page = request.send().await.map_err(|e| {
-                classify(e, |s| {
-                    if s.is_resource_not_found_exception() {
-                        Some(KinesisError::NotFound(stream.to_string()))
-                    } else if s.is_limit_exceeded_exception() {
-                        Some(KinesisError::Throttled(s.to_string()))
-                    } else {
-                        None
-                    }
-                })
-            })?;
+            let page = request.send().await.map_err(KinesisError::from_sdk)?;
             for shard in page.shards() {
                 shards.push(ShardInfo {
                     id: ShardId::new(shard.shard_id()),
@@ -409,19 +343,7 @@ impl Kinesis {
             .shard_iterator_type(kind)
             .set_starting_sequence_number(sequence)
             .set_timestamp(timestamp);
-        let output = request.send().await.map_err(|e| {
-            classify(e, |s| {
-                if s.is_provisioned_throughput_exceeded_exception() {
-                    Some(KinesisError::Throttled(s.to_string()))
-                } else if s.is_resource_not_found_exception() {
-                    Some(KinesisError::NotFound(shard.to_string()))
-                } else if s.is_invalid_argument_exception() {
-                    Some(KinesisError::Refused(s.to_string()))
-                } else {
-                    None
-                }
-            })
-        })?;
+        let output = request.send().await.map_err(KinesisError::from_sdk)?;
         output
             .shard_iterator
             .ok_or_else(|| KinesisError::Malformed("GetShardIterator returned no iterator".into()))
@@ -450,23 +372,7 @@ impl Kinesis {
             )
             .send()
             .await
-            .map_err(|e| {
-                classify(e, |s| {
-                    if s.is_expired_iterator_exception() {
-                        Some(KinesisError::ExpiredIterator)
-                    } else if s.is_provisioned_throughput_exceeded_exception()
-                        || s.is_kms_throttling_exception()
-                    {
-                        Some(KinesisError::Throttled(s.to_string()))
-                    } else if s.is_resource_not_found_exception() {
-                        Some(KinesisError::NotFound(s.to_string()))
-                    } else if s.is_invalid_argument_exception() {
-                        Some(KinesisError::Refused(s.to_string()))
-                    } else {
-                        None
-                    }
-                })
-            })?;
+            .map_err(KinesisError::from_sdk)?;
         let records = output
             .records
             .into_iter()
@@ -501,21 +407,7 @@ impl Kinesis {
             .data(Blob::new(data))
             .send()
             .await
-            .map_err(|e| {
-                classify(e, |s| {
-                    if s.is_provisioned_throughput_exceeded_exception()
-                        || s.is_kms_throttling_exception()
-                    {
-                        Some(KinesisError::Throttled(s.to_string()))
-                    } else if s.is_resource_not_found_exception() {
-                        Some(KinesisError::NotFound(stream.to_string()))
-                    } else if s.is_invalid_argument_exception() {
-                        Some(KinesisError::Refused(s.to_string()))
-                    } else {
-                        None
-                    }
-                })
-            })?;
+            .map_err(KinesisError::from_sdk)?;
         Ok(output.sequence_number)
     }
 
@@ -538,7 +430,7 @@ impl Kinesis {
                     .partition_key(key.as_str())
                     .data(Blob::new(data.clone()))
                     .build()
-                    .map_err(|e| KinesisError::Refused(e.to_string()))
+                    .map_err(|e| KinesisError::Refused(Cause::new(e)))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let output = self
@@ -549,21 +441,7 @@ impl Kinesis {
             .set_records(Some(entries))
             .send()
             .await
-            .map_err(|e| {
-                classify(e, |s| {
-                    if s.is_provisioned_throughput_exceeded_exception()
-                        || s.is_kms_throttling_exception()
-                    {
-                        Some(KinesisError::Throttled(s.to_string()))
-                    } else if s.is_resource_not_found_exception() {
-                        Some(KinesisError::NotFound(stream.to_string()))
-                    } else if s.is_invalid_argument_exception() {
-                        Some(KinesisError::Refused(s.to_string()))
-                    } else {
-                        None
-                    }
-                })
-            })?;
+            .map_err(KinesisError::from_sdk)?;
         if output.records.len() != records.len() {
             return Err(KinesisError::Malformed(format!(
                 "PutRecords answered {} entries for {} records",
@@ -577,13 +455,12 @@ impl Kinesis {
             .map(|entry| match entry.error_code {
                 None => Ok(()),
                 // The entry's error code names the failure's type.
-                Some(code) if code == "ProvisionedThroughputExceededException" => {
-                    Err(KinesisError::Throttled(entry.error_message.unwrap_or(code)))
-                }
-                Some(code) => Err(KinesisError::Failed(format!(
-                    "{code}: {}",
-                    entry.error_message.unwrap_or_default()
-                ))),
+                Some(code) if code == "ProvisionedThroughputExceededException" => Err(
+                    KinesisError::Throttled(entry.error_message.unwrap_or(code).into()),
+                ),
+                Some(code) => Err(KinesisError::Failed(
+                    format!("{code}: {}", entry.error_message.unwrap_or_default()).into(),
+                )),
             })
             .collect())
     }

@@ -42,6 +42,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::cause::Cause;
 use crate::ids::{OwnerId, PartitionKey, SessionId, ShardId, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
 
@@ -256,13 +257,14 @@ pub enum LeaseError {
     /// longer) ours.
     #[error("lease {0} changed hands: it is no longer ours to write")]
     Lost(LeaseKey),
-    /// The store could not be reached or failed; worth retrying.
+    /// The store could not be reached or failed; worth retrying. The
+    /// store's own error is the source.
     #[error("lease store failed: {0}")]
-    Store(String),
+    Store(#[source] Cause),
     /// The store refused the call for throughput (DynamoDB throttling);
     /// worth retrying after a while.
     #[error("lease store throttled: {0}")]
-    Throttled(String),
+    Throttled(#[source] Cause),
 }
 
 /// Storage for leases and checkpoints (see the module docs for the rules

@@ -59,7 +59,7 @@
 //! (the keeper's `CheckpointState`; the dispatch seam the plugin
 //! implements). This list is the one the suite checks (`layers` test):
 //!
-//! 1. ground values: `ids`, `progress`, `key_slice`, `clock`, `files`, `backoff`, `kpl`
+//! 1. ground values: `ids`, `progress`, `key_slice`, `clock`, `cause`, `files`, `backoff`, `kpl`
 //! 2. config: `config`
 //! 3. sinks and clients: `logging`, `telemetry`, `throttle`, `kinesis`, `channel`
 //! 4. leases: `lease`
@@ -84,6 +84,7 @@
 #![warn(unreachable_pub)]
 
 mod backoff;
+mod cause;
 mod channel;
 mod clock;
 mod commands;

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use aws_sdk_kinesis::types::{ConsumerStatus, StartingPosition};
 
-use super::{Fetched, Kinesis, KinesisError, ReadFrom, classify, fetched};
+use super::{Fetched, Kinesis, KinesisError, ReadFrom, fetched};
+use crate::cause::Cause;
 use crate::ids::{SequenceNumber, ShardId, StreamName};
 
 /// How long start-up waits for a new consumer to become ACTIVE.
@@ -53,9 +54,12 @@ impl Subscription {
     pub(crate) async fn next(&mut self) -> Result<Option<FanOutEvent>, KinesisError> {
         use aws_sdk_kinesis::types::SubscribeToShardEventStream as Stream;
         loop {
-            let event = self.output.event_stream.recv().await.map_err(|e| {
-                KinesisError::Failed(aws_sdk_kinesis::error::DisplayErrorContext(&e).to_string())
-            })?;
+            let event = self
+                .output
+                .event_stream
+                .recv()
+                .await
+                .map_err(|e| KinesisError::Failed(Cause::new(e)))?;
             let event = match event {
                 None => return Ok(None),
                 Some(Stream::SubscribeToShardEvent(event)) => event,
@@ -156,27 +160,24 @@ impl Kinesis {
                         .or_else(|e| match e.as_service_error() {
                             // Registered meanwhile by another instance.
                             Some(s) if s.is_resource_in_use_exception() => Ok(()),
-                            _ => Err(classify(e, |s| {
-                                s.is_limit_exceeded_exception()
-                                    .then(|| KinesisError::Throttled(s.to_string()))
-                            })),
+                            _ => Err(KinesisError::from_sdk(e)),
                         })?;
                     registered = true;
                 }
                 Err(e) => {
-                    let e = classify(e, |s| {
-                        s.is_limit_exceeded_exception()
-                            .then(|| KinesisError::Throttled(s.to_string()))
-                    });
+                    let e = KinesisError::from_sdk(e);
                     if !matches!(e, KinesisError::Throttled(_)) && !registered {
                         return Err(e);
                     }
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(KinesisError::Failed(format!(
-                    "stream consumer {name:?} did not become ACTIVE within {CONSUMER_ACTIVE_WITHIN:?}"
-                )));
+                return Err(KinesisError::Failed(
+                    format!(
+                        "stream consumer {name:?} did not become ACTIVE within {CONSUMER_ACTIVE_WITHIN:?}"
+                    )
+                    .into(),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -208,7 +209,7 @@ impl Kinesis {
             {
                 Ok(false)
             }
-            Err(e) => Err(classify(e, |_| None)),
+            Err(e) => Err(KinesisError::from_sdk(e)),
         }
     }
 
@@ -232,7 +233,7 @@ impl Kinesis {
             .set_sequence_number(sequence)
             .set_timestamp(timestamp)
             .build()
-            .map_err(|e| KinesisError::Refused(e.to_string()))?;
+            .map_err(|e| KinesisError::Refused(Cause::new(e)))?;
         let out = self
             .client
             .subscribe_to_shard()
@@ -241,19 +242,7 @@ impl Kinesis {
             .starting_position(position)
             .send()
             .await
-            .map_err(|e| {
-                classify(e, |s| {
-                    if s.is_limit_exceeded_exception() || s.is_resource_in_use_exception() {
-                        Some(KinesisError::Throttled(s.to_string()))
-                    } else if s.is_resource_not_found_exception() {
-                        Some(KinesisError::NotFound(s.to_string()))
-                    } else if s.is_invalid_argument_exception() {
-                        Some(KinesisError::Refused(s.to_string()))
-                    } else {
-                        None
-                    }
-                })
-            })?;
+            .map_err(KinesisError::from_sdk)?;
         Ok(Subscription { output: out })
     }
 }

@@ -30,13 +30,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
+use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
     ScalarAttributeType, TableStatus,
 };
 
+mod error;
 mod state;
+
+use error::{classify, failed};
 
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite};
 use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
@@ -71,51 +74,18 @@ fn n(value: u64) -> AttributeValue {
     AttributeValue::N(value.to_string())
 }
 
-/// Maps an SDK error: a failed condition means the lease is not ours.
-fn classify<E>(key: &LeaseKey, e: aws_sdk_dynamodb::error::SdkError<E>) -> LeaseError
-where
-    E: ProvideErrorMetadata + std::error::Error + 'static,
-{
-    if e.code() == Some("ConditionalCheckFailedException") {
-        LeaseError::Lost(key.clone())
-    } else {
-        failed(e)
-    }
-}
-
-/// Error codes DynamoDB answers when a call exceeds the table's or the
-/// account's throughput.
-const THROTTLING: &[&str] = &[
-    "ProvisionedThroughputExceededException",
-    "ThrottlingException",
-    "RequestLimitExceeded",
-];
-
-/// Maps an SDK error of a call with no condition: throttling, or a
-/// transient failure.
-fn failed<E>(e: aws_sdk_dynamodb::error::SdkError<E>) -> LeaseError
-where
-    E: ProvideErrorMetadata + std::error::Error + 'static,
-{
-    if e.code().is_some_and(|code| THROTTLING.contains(&code)) {
-        LeaseError::Throttled(format!("{}", DisplayErrorContext(&e)))
-    } else {
-        LeaseError::Store(format!("{}", DisplayErrorContext(&e)))
-    }
-}
-
 fn decode(key: LeaseKey, item: &HashMap<String, AttributeValue>) -> Result<Lease, LeaseError> {
     let counter = item
         .get(COUNTER)
         .and_then(|v| v.as_n().ok())
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| LeaseError::Store(format!("lease {key} has no valid counter")))?;
+        .ok_or_else(|| LeaseError::Store(format!("lease {key} has no valid counter").into()))?;
     let checkpoint = item
         .get(CHECKPOINT)
         .and_then(|v| v.as_s().ok())
         .map(|v| Checkpoint::parse(v))
         .transpose()
-        .map_err(|e| LeaseError::Store(format!("lease {key}: {e}")))?;
+        .map_err(|e| LeaseError::Store(format!("lease {key}: {e}").into()))?;
     Ok(Lease {
         owner: item
             .get(OWNER)
@@ -408,9 +378,9 @@ impl LeaseStore for DynamoDbLeaseStore {
                 let lease = match output.attributes() {
                     Some(item) => decode(key.clone(), item)?,
                     None => {
-                        return Err(LeaseError::Store(format!(
-                            "lease {key}: no attributes returned"
-                        )));
+                        return Err(LeaseError::Store(
+                            format!("lease {key}: no attributes returned").into(),
+                        ));
                     }
                 };
                 Ok(HeldLease {

@@ -37,6 +37,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite, rules};
+use crate::cause::Cause;
 use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
 
@@ -100,8 +101,8 @@ pub struct FileLeaseStore {
     db: Arc<Database>,
 }
 
-fn store_error(e: impl std::fmt::Display) -> LeaseError {
-    LeaseError::Store(e.to_string())
+fn store_error(e: impl std::error::Error + Send + Sync + 'static) -> LeaseError {
+    LeaseError::Store(Cause::new(e))
 }
 
 fn state_key(subscription: &SubscriptionName, key: &PartitionKey) -> String {

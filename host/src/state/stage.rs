@@ -162,7 +162,7 @@ impl StateStage {
         match stored {
             None => Ok(KeyState::default()),
             Some(bytes) => KeyState::decode(&bytes)
-                .map_err(|e| LeaseError::Store(format!("state of key {key}: {e}"))),
+                .map_err(|e| LeaseError::Store(format!("state of key {key}: {e}").into())),
         }
     }
 

@@ -69,10 +69,12 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
-use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::{CHECKPOINT, COUNTER, DynamoDbLeaseStore, GROUP, OWNER, SHARD, failed, group, s};
+use super::error::{Kind, failed, kind};
+use super::{CHECKPOINT, COUNTER, DynamoDbLeaseStore, GROUP, OWNER, SHARD, group, s};
+use crate::cause::{Cause, Classify};
 use crate::ids::{PartitionKey, SubscriptionName};
 use crate::lease::{HeldLease, LeaseError, StateWrite};
 use crate::progress::Checkpoint;
@@ -122,9 +124,7 @@ impl Window {
     async fn next(&mut self) -> Result<(), LeaseError> {
         match self.tasks.join_next().await {
             None => Ok(()),
-            Some(joined) => {
-                joined.map_err(|e| LeaseError::Store(format!("state write task: {e}")))?
-            }
+            Some(joined) => joined.map_err(|e| LeaseError::Store(Cause::new(e)))?,
         }
     }
 
@@ -569,14 +569,17 @@ impl DynamoDbLeaseStore {
                 Err(e) => return Err(failed(e)),
             }
         }
-        Err(LeaseError::Store(format!(
-            "state of key {:?} kept changing while it was written ({ITEM_TRIES} tries)",
-            write.key.as_str()
-        )))
+        Err(LeaseError::Store(
+            format!(
+                "state of key {:?} kept changing while it was written ({ITEM_TRIES} tries)",
+                write.key.as_str()
+            )
+            .into(),
+        ))
     }
 }
 
 /// True when a conditional write found the item otherwise.
-fn condition_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
-    e.code() == Some("ConditionalCheckFailedException")
+fn condition_failed<E: Classify<Kind>>(e: &SdkError<E>) -> bool {
+    kind(e) == Some(Kind::ConditionFailed)
 }

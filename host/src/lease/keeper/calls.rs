@@ -59,10 +59,9 @@ pub(super) async fn bounded<T>(
 ) -> Result<T, LeaseError> {
     match tokio::time::timeout(limit, call).await {
         Ok(result) => result,
-        Err(_) => Err(LeaseError::Store(format!(
-            "no answer within {}",
-            humantime::format_duration(limit)
-        ))),
+        Err(_) => Err(LeaseError::Store(
+            format!("no answer within {}", humantime::format_duration(limit)).into(),
+        )),
     }
 }
 

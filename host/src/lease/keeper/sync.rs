@@ -34,7 +34,9 @@ impl Keeper {
                     tokio::time::timeout(limit, shards.list_shards(&stream))
                         .await
                         .unwrap_or_else(|_| {
-                            Err(KinesisError::Failed(format!("no answer within {limit:?}")))
+                            Err(KinesisError::Failed(
+                                format!("no answer within {limit:?}").into(),
+                            ))
                         })
                 },
                 bounded(limit, store.list(&sub, &stream)),
