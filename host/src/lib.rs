@@ -113,6 +113,8 @@ mod throttle;
 
 #[cfg(test)]
 mod layers;
+#[cfg(test)]
+mod tests;
 
 pub use channel::CHANNEL_CAPACITY;
 pub use commands::{Imported, deregister_consumer, import_kcl, state_get};

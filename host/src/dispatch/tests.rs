@@ -11,12 +11,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::channel::{Delivery, Record, channel};
-use crate::config::Config;
 use crate::failure::Policy;
-use crate::ids::{PartitionKey, SequenceNumber, SessionId, ShardId, StreamName};
-use crate::progress::Ticket;
+use crate::ids::PartitionKey;
 use crate::settlement::SettlementMsg;
 use crate::state::CallState;
+use crate::tests::delivery;
 
 /// What the handlers saw.
 #[derive(Default)]
@@ -83,26 +82,6 @@ impl HandlerFactory for Natives {
     }
 }
 
-/// A delivery of record `seq` of key `key`, at offset `seq`.
-fn delivery(key: &str, seq: u64) -> Delivery {
-    Delivery {
-        record: Arc::new(Record {
-            stream: StreamName::from("orders"),
-            shard: ShardId::from("shard-0"),
-            partition_key: PartitionKey::new(key),
-            sequence: SequenceNumber::parse(&seq.to_string()).unwrap(),
-            sub_sequence: None,
-            arrival_ms: 0,
-            data: Vec::new(),
-        }),
-        ticket: Ticket {
-            shard: ShardId::from("shard-0"),
-            session: SessionId(1),
-            offset: seq,
-        },
-    }
-}
-
 /// Runs a dispatcher of a subscription with `extra` config lines over
 /// `deliveries` (the channel closes after them), with `hard_stop` fired
 /// after `stop_after` if given. Returns the offsets settled, in order.
@@ -112,11 +91,7 @@ async fn dispatch(
     deliveries: Vec<Delivery>,
     stop_after: Option<Duration>,
 ) -> Vec<u64> {
-    let toml = format!(
-        "[[subscription]]\nname = \"s\"\nstream = \"orders\"\nplugin = \"p.wasm\"\n{extra}\n"
-    );
-    let config = Config::parse(&toml, std::path::Path::new("test.toml")).unwrap();
-    let sub = Arc::new(config.subscriptions[0].clone());
+    let sub = crate::tests::subscription(extra);
     let policy = Policy::new(&sub.failure, |_| unreachable!("no dead letters"));
     let (settle_tx, mut settle_rx) = mpsc::channel(4096);
     let (publish_tx, _publish_rx) = mpsc::channel(16);

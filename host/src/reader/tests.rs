@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::channel::{DeliveryReceiver, channel};
-use crate::config::{Config, StartPosition};
+use crate::channel::DeliveryReceiver;
+use crate::config::StartPosition;
 use crate::ids::{PartitionKey, SequenceNumber};
 
 /// A call the reader made.
@@ -143,23 +143,8 @@ fn start_with(
     from: ReadFrom,
     valid_for: Option<Duration>,
 ) -> Harness {
-    let toml = "[[subscription]]\nname = \"s\"\nstream = \"orders\"\nplugin = \"p.wasm\"\n";
-    let config = Config::parse(toml, std::path::Path::new("test.toml")).unwrap();
-    let subscription = Arc::new(config.subscriptions[0].clone());
-    let telemetry = Telemetry::new();
-    let status = telemetry.subscription(&subscription.name, subscription.mode());
-    let (deliveries_tx, deliveries) = channel();
-    let (settlement_tx, settlement) = mpsc::channel(64);
     let script = Arc::new(script);
-    let ctx = ReaderContext {
-        reads: script.clone(),
-        fan_out,
-        subscription,
-        deliveries: deliveries_tx,
-        settlement: settlement_tx,
-        telemetry,
-        status,
-    };
+    let (ctx, deliveries, settlement) = crate::tests::reader_context(script.clone(), fan_out);
     // A lease far from its deadline unless the test says otherwise.
     let until = Instant::now() + valid_for.unwrap_or(Duration::from_secs(3600));
     let (valid_until, valid_rx) = watch::channel(until);

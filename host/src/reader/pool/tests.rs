@@ -7,13 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::*;
-use crate::channel::channel;
-use crate::config::Config;
 use crate::ids::StreamName;
 use crate::kinesis::{KinesisError, Page};
 use crate::reader::ShardReads;
 use crate::settlement::SettlementMsg;
-use crate::telemetry::Telemetry;
 
 /// Every shard is open and has nothing to read.
 #[derive(Default)]
@@ -53,22 +50,9 @@ struct Harness {
 }
 
 fn start() -> Harness {
-    let toml = "[[subscription]]\nname = \"s\"\nstream = \"orders\"\nplugin = \"p.wasm\"\n";
-    let config = Config::parse(toml, std::path::Path::new("test.toml")).unwrap();
-    let subscription = Arc::new(config.subscriptions[0].clone());
-    let telemetry = Telemetry::new();
-    let status = telemetry.subscription(&subscription.name, subscription.mode());
-    let (deliveries_tx, deliveries) = channel();
-    let (settlement_tx, settlement) = mpsc::channel(64);
-    let pool = ReaderPool::new(ReaderContext {
-        reads: Arc::new(IdleShards::default()),
-        fan_out: None,
-        subscription,
-        deliveries: deliveries_tx,
-        settlement: settlement_tx,
-        telemetry,
-        status,
-    });
+    let (ctx, deliveries, settlement) =
+        crate::tests::reader_context(Arc::new(IdleShards::default()), None);
+    let pool = ReaderPool::new(ctx);
     let (assignments, rx) = mpsc::channel(16);
     Harness {
         assignments: Some(assignments),
