@@ -205,25 +205,9 @@ pub(crate) fn channel() -> (DeliverySender, DeliveryReceiver) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::SessionId;
 
     fn delivery(n: u64) -> Delivery {
-        Delivery {
-            record: Arc::new(Record {
-                stream: StreamName::from("s"),
-                shard: ShardId::from("shard-0"),
-                partition_key: PartitionKey::from("k"),
-                sequence: SequenceNumber::parse(&n.to_string()).unwrap(),
-                sub_sequence: None,
-                arrival_ms: 0,
-                data: Vec::new(),
-            }),
-            ticket: Ticket {
-                shard: ShardId::from("shard-0"),
-                session: SessionId(1),
-                offset: n,
-            },
-        }
+        crate::tests::delivery("k", n)
     }
 
     /// Catches: a full sender woken before half the channel is free (one
