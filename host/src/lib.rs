@@ -45,7 +45,7 @@
 //!   the admin API; `supervisor` starts every pipeline and the operations
 //!   server; `commands` are the one-shot commands beside `run`.
 //! - Below them: ground values (`ids`, `progress`, `key_slice`, `clock`,
-//!   `files`, `backoff`, `kpl`), `config` (the TOML config, validated into
+//!   `cause`, `files`, `backoff`, `kpl`), `config` (the TOML config, validated into
 //!   types), and what every stage writes to or calls: `logging`,
 //!   `telemetry` (metrics, typed status, spans), `throttle`, `kinesis`
 //!   (the client and a typed error) and `channel`.

@@ -488,3 +488,6 @@ impl HandlerFactory for PluginSlot {
         self.generation.load(Ordering::SeqCst)
     }
 }
+
+#[cfg(test)]
+mod tests;

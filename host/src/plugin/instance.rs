@@ -397,3 +397,6 @@ impl HandlerFactory for Plugin {
         self.instantiate(lane)
     }
 }
+
+#[cfg(test)]
+mod tests;
