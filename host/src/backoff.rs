@@ -1,5 +1,8 @@
 //! Jittered, capped exponential backoff, used wherever a call is retried
 //! (AWS throttling and errors, handler retries).
+//!
+//! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::time::Duration;
 

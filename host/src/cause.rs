@@ -4,7 +4,8 @@
 //! errors to the kinds a caller acts on (Kinesis's in
 //! `kinesis/error.rs`, DynamoDB's in `lease/dynamodb/error.rs`).
 //!
-//! Ground floor (see "Layers" in the crate docs): imports nothing.
+//! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::fmt;
 use std::sync::Arc;

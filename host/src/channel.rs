@@ -32,6 +32,9 @@
 //! channel to drain and will pass half again with the flag raised. When
 //! the last receiver goes it closes the channel and wakes every sender,
 //! whose next try fails as closed.
+//!
+//! Floor 3 (sinks and clients) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;

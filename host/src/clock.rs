@@ -2,8 +2,11 @@
 //! every value the host stores or shows with a time (dead-letter envelopes,
 //! state TTLs, EMF documents, the status page).
 //!
-//! Ground floor (see "Layers" in the crate docs): imports nothing. Timers
-//! and deadlines use `tokio::time::Instant` instead, which tests can pause.
+//! Timers and deadlines use `tokio::time::Instant` instead, which tests
+//! can pause.
+//!
+//! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -10,6 +10,9 @@
 //!
 //! `shardlane validate` is [`crate::load_plugins`], and `run` is
 //! [`crate::run`]: both belong to the supervisor.
+//!
+//! Floor 12 (commands) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 mod deregister;
 mod import_kcl;

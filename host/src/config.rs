@@ -12,6 +12,9 @@
 //!
 //! Environment overrides (`SHARDLANE__<PATH>`) are applied to the file's
 //! contents before anything is checked (`config/overrides.rs`).
+//!
+//! Floor 2 (config) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

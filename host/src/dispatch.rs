@@ -56,6 +56,9 @@
 //! in dispatch's own [`Outcome`] and [`CallError`]): a Wasm plugin in the
 //! service, a native no-op in the dispatch benchmark, a scripted handler
 //! in the lane's unit tests.
+//!
+//! Floor 7 (dispatch) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 mod batch;
 mod handler;

@@ -68,6 +68,9 @@
 //! - Should the destination still refuse an envelope with data as invalid
 //!   (a smaller limit than Kinesis's), it is put again at once without the
 //!   data; a refusal is never retried with the same envelope.
+//!
+//! Floor 7 (dispatch) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -19,6 +19,9 @@
 //! A symlink in the configured path is followed (the target must still be a
 //! regular file). [`open_no_follow`] is the stricter variant for files the
 //! host itself wrote (the compile cache): a symlink is refused.
+//!
+//! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::fs::{File, Metadata};
 use std::io::Read as _;

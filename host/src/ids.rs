@@ -5,6 +5,9 @@
 //! where a stream name belongs, and gives [`SequenceNumber`] the one ordering
 //! that is correct for Kinesis (and [`Position`] the one that also orders the
 //! user records of a KPL aggregate).
+//!
+//! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::cmp::Ordering;
 use std::fmt;

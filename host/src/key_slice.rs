@@ -8,8 +8,11 @@
 //! of every smaller fraction, so raising the fraction only moves more keys
 //! to the candidate.
 //!
-//! Ground floor (see "Layers" in the crate docs): the config names a slice
-//! (`canary.key_fraction`) and the plugin slot ([`crate::swap`]) uses it.
+//! The config names a slice (`canary.key_fraction`) and the plugin slot
+//! ([`crate::swap`]) uses it.
+//!
+//! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use crate::ids::PartitionKey;
 

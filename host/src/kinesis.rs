@@ -28,6 +28,9 @@
 //! [`Kinesis::deregister_consumer`]. Callers that must stop
 //! mid-call drop the call's future (e.g. in a `select!` with their cancel
 //! token): cancellation is not an error.
+//!
+//! Floor 3 (sinks and clients) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 mod error;
 mod fan_out;

@@ -26,6 +26,9 @@
 //! in the range of the shard being read; shardlane delivers them (they
 //! exist nowhere else) and the reader counts them, using
 //! [`UserRecord::hash_key`].
+//!
+//! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use md5::{Digest as _, Md5};
 use prost::Message as _;

@@ -1,6 +1,7 @@
 //! The layer check: every module imports only modules on its own floor or
 //! below, as the "Layers" list in the crate docs (`lib.rs`) orders them,
-//! and the modules of one floor import each other without a circle.
+//! the modules of one floor import each other without a circle, and each
+//! module's own `//!` names the floor lib.rs puts it on.
 //!
 //! It reads the sources as text, the way `shared/tools/modgraph.py` does:
 //! a module's imports are the `crate::` paths (`crate::a::B`, and every
@@ -260,6 +261,46 @@ fn violations(
         out.push(format!("a circle of imports: {}", circle.join(", ")));
     }
     out
+}
+
+/// Every way the modules' own docs disagree with `floors`: each
+/// top-level module's `//!` says `Floor N` for the floor lib.rs puts it on.
+fn docs_disagreeing(src: &Path, floors: &[BTreeSet<String>]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, floor) in floors.iter().enumerate() {
+        for module in floor {
+            let Ok(text) = std::fs::read_to_string(src.join(format!("{module}.rs"))) else {
+                continue;
+            };
+            let doc: String = text
+                .lines()
+                .take_while(|l| l.starts_with("//!"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let said = doc
+                .split("Floor ")
+                .nth(1)
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|n| n.parse::<usize>().ok());
+            match said {
+                Some(n) if n == i + 1 => {}
+                Some(n) => out.push(format!(
+                    "the docs of `{module}` say floor {n}, lib.rs puts it on floor {}",
+                    i + 1
+                )),
+                None => out.push(format!("the docs of `{module}` do not say its floor")),
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_module_says_its_floor_as_lib_rs_does() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let floors = floors(&std::fs::read_to_string(src.join("lib.rs")).unwrap());
+    let found = docs_disagreeing(&src, &floors);
+    assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
 #[test]

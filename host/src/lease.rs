@@ -28,6 +28,9 @@
 //! takes leases, tells the reader pool which shards to read
 //! ([`Assignment`]), renews on its own timer and writes the checkpoints
 //! settlement asks for ([`CheckpointRequest`]).
+//!
+//! Floor 4 (leases) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 pub(crate) mod dynamodb;
 pub(crate) mod file;

@@ -29,6 +29,9 @@
 //!   no value can start a line of its own (a forged
 //!   `2030-01-01T00:00:00Z INFO shardlane::supervisor: shardlane stopped`)
 //!   or drive a terminal. JSON output escapes them already.
+//!
+//! Floor 3 (sinks and clients) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::borrow::Cow;
 use std::fmt;

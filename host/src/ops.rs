@@ -57,6 +57,9 @@
 //! connections over the cap and accept failures are each logged at most
 //! once per [`LOG_INTERVAL`], with the number left out, and request paths
 //! and names in those lines are cut to [`MAX_LOGGED`](limits::MAX_LOGGED) bytes.
+//!
+//! Floor 10 (wiring) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 mod limits;
 mod routes;

@@ -49,6 +49,9 @@
 //! The stage ends once dispatch has ended (its inbox closed) and every
 //! output is put, or at `hard_stop`; what is not put then leaves its input
 //! unsettled, to be read again.
+//!
+//! Floor 6 (records in and out) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;

@@ -39,6 +39,9 @@
 //!    and ends;
 //! 5. the keeper writes those checkpoints, releases every lease (so another
 //!    instance can take over at once), and ends when the requests end.
+//!
+//! Floor 10 (wiring) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::sync::Arc;
 use std::time::Duration;

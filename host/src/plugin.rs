@@ -89,6 +89,9 @@
 //! [`MAX_PLUGIN_BYTES`](crate::files::MAX_PLUGIN_BYTES) long (see
 //! [`files`](crate::files)): whoever can write the plugin file chooses the
 //! code the host runs, but inside the sandbox.
+//!
+//! Floor 8 (the Wasm host) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 mod bindings;
 mod cache;

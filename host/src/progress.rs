@@ -3,7 +3,8 @@
 //! delivered record's [`Ticket`] (its shard, reader session and [`Offset`])
 //! and a shard's stored [`Checkpoint`].
 //!
-//! Ground floor (see "Layers" in the crate docs): imports only [`crate::ids`].
+//! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::fmt;
 

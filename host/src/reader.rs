@@ -33,6 +33,9 @@
 //! keeper to stop it. An instance that was paused therefore cannot act on
 //! a lease that changed hands meanwhile, whichever of its tasks runs first
 //! when it resumes.
+//!
+//! Floor 6 (records in and out) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 mod fan_out;
 mod pace;

@@ -19,6 +19,9 @@
 //! session and offsets restart at 0. Tickets of an older session (records
 //! still in flight when a lease was lost) are ignored: the new session
 //! re-reads those records from the checkpoint.
+//!
+//! Floor 5 (settling) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 pub(crate) mod watermark;
 

@@ -66,6 +66,9 @@
 //!
 //! Size: a commit carries one write per key touched since the last one,
 //! never one per record.
+//!
+//! Floor 5 (settling) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 mod call;
 mod codec;

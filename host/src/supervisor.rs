@@ -11,6 +11,9 @@
 //! stop → the channel closes → dispatch drains, within `shutdown_timeout` →
 //! final checkpoints → leases released), side by side; then the operations
 //! server stops. It answers `/healthz` until the end.
+//!
+//! Floor 11 (the supervisor) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -39,6 +39,9 @@
 //!
 //! Swaps and canary changes live in memory: a restart runs the config's
 //! `plugin` (and `canary`) again.
+//!
+//! Floor 9 (the plugin slot) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -19,6 +19,9 @@
 //!
 //! Names follow Prometheus conventions: `shardlane_` prefix, `_total` for
 //! counters, `_seconds` for durations.
+//!
+//! Floor 3 (sinks and clients) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 pub(crate) mod emf;
 mod process;

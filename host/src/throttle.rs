@@ -11,6 +11,9 @@
 //! is sent without the SDK's retries (`kinesis.rs`), so every refused read
 //! counts; of other calls, only those the SDK gave up on count: its own
 //! retries (up to three attempts) absorb brief bursts.
+//!
+//! Floor 3 (sinks and clients) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
 
 use std::time::Duration;
 
