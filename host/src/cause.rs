@@ -23,7 +23,7 @@ impl Cause {
         Self(Arc::new(error))
     }
 
-    /// The error itself.
+    /// The error itself (to inspect its type).
     #[cfg(test)]
     pub(crate) fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         &*self.0
@@ -66,12 +66,11 @@ impl fmt::Debug for Cause {
     }
 }
 
-/// The cause's own causes (its `Display` already shows them).
-impl std::error::Error for Cause {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.0)
-    }
-}
+/// A leaf of the error chain: its `Display` already shows the whole chain
+/// of the error it holds (one line, as a log line needs it), so walking
+/// on would show that chain again. The error itself stays inside (tests
+/// inspect its type through `Cause::get`).
+impl std::error::Error for Cause {}
 
 /// An SDK operation's modeled error, by the kind `K` its caller acts on
 /// (`None`: none of them).

@@ -155,10 +155,29 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `e` and its causes on one line, `: `-separated. A cause the line
+/// already ends with is left out: the host's own errors say their cause in
+/// their message (so that a log line says it all) and keep it as their
+/// source too, which would otherwise print twice.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string().replace('\n', " ");
+        if !line.is_empty() && line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// One `GET` over a plain socket, 3 s at most: the status line is all
@@ -380,5 +399,31 @@ impl Signals {
             eprintln!("second signal: exiting now");
             std::process::exit(130);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("lease store failed: {0}")]
+    struct Store(#[source] Cause);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connection refused")]
+    struct Cause;
+
+    /// Catches the start-up error line repeating a cause its message
+    /// already says, or losing a context layer.
+    #[test]
+    fn each_cause_appears_once() {
+        let e = anyhow::Error::new(Store(Cause)).context("subscription s");
+        assert_eq!(
+            one_line(&e),
+            "subscription s: lease store failed: connection refused"
+        );
+        let plain = anyhow::anyhow!("line one\nline two").context("config");
+        assert_eq!(one_line(&plain), "config: line one line two");
     }
 }

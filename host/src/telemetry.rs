@@ -8,8 +8,8 @@
 //! [`Gauge`] is an `Arc` of one atomic; a [`Histogram`] an `Arc` of a small
 //! mutex-guarded bucket array, with an exact `f64` sum), so the hot path
 //! never touches the registry. The layer adds what the crate leaves to its
-//! users: series looked up by name at run time, and removing every series
-//! of a shard this instance no longer reads ([`Telemetry::forget`]).
+//! users: series looked up by name at run time, and removing the series
+//! of a shard this instance no longer reads ([`Telemetry::forget_series`]).
 //! Process metrics (`process_cpu_seconds_total`, memory, threads, open
 //! files; [`process`]) and per-shard checkpoint ages are computed at scrape.
 //!
