@@ -10,66 +10,72 @@
 use std::fmt;
 use std::sync::Arc;
 
+use aws_smithy_types::error::display::DisplayErrorContext;
+
 /// What caused an error of the host's (a [`crate::kinesis::KinesisError`],
-/// a [`crate::lease::LeaseError`]): an SDK's error (shown with its whole
-/// chain of causes, as the SDKs' `DisplayErrorContext` shows it), or a
-/// message of the host's own. Cheap to clone.
+/// a [`crate::lease::LeaseError`]): an SDK's error, kept whole and shown
+/// as the SDKs show one (`DisplayErrorContext`: its chain of causes, then
+/// its details — the request id, the response), or a message of the
+/// host's own. Cheap to clone.
 #[derive(Clone)]
-pub struct Cause(Arc<dyn std::error::Error + Send + Sync>);
+pub enum Cause {
+    /// An error, kept whole.
+    Error(Arc<dyn std::error::Error + Send + Sync>),
+    /// A message of the host's own.
+    Message(Arc<str>),
+}
 
 impl Cause {
     /// The cause `error`.
     pub(crate) fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
-        Self(Arc::new(error))
+        Self::Error(Arc::new(error))
     }
 
-    /// The error itself (to inspect its type).
+    /// The error itself (to inspect its type); `None` for a message.
     #[cfg(test)]
-    pub(crate) fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        &*self.0
+    pub(crate) fn get(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            Self::Error(error) => Some(&**error),
+            Self::Message(_) => None,
+        }
     }
 }
 
-/// A cause of the host's own, said in words.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Message(String);
-
 impl From<String> for Cause {
     fn from(message: String) -> Self {
-        Self::new(Message(message))
+        Self::Message(message.into())
     }
 }
 
 impl From<&str> for Cause {
     fn from(message: &str) -> Self {
-        Self::from(message.to_owned())
+        Self::Message(message.into())
     }
 }
 
-/// The error and its causes, `: `-separated, on one line.
+/// One line, as a log line needs it.
 impl fmt::Display for Cause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(cause) = source {
-            write!(f, ": {cause}")?;
-            source = cause.source();
+        match self {
+            Self::Error(error) => write!(f, "{}", DisplayErrorContext(&**error)),
+            Self::Message(message) => f.write_str(message),
         }
-        Ok(())
     }
 }
 
 impl fmt::Debug for Cause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
+        match self {
+            Self::Error(error) => fmt::Debug::fmt(error, f),
+            Self::Message(message) => fmt::Debug::fmt(message, f),
+        }
     }
 }
 
 /// A leaf of the error chain: its `Display` already shows the whole chain
-/// of the error it holds (one line, as a log line needs it), so walking
-/// on would show that chain again. The error itself stays inside (tests
-/// inspect its type through `Cause::get`).
+/// of the error it holds, so walking on would show that chain again. The
+/// error itself stays inside (tests inspect its type through
+/// `Cause::get`).
 impl std::error::Error for Cause {}
 
 /// An SDK operation's modeled error, by the kind `K` its caller acts on

@@ -181,6 +181,7 @@ mod tests {
         );
         let sdk = cause
             .get()
+            .expect("an error, not a message")
             .downcast_ref::<SdkError<GetRecordsError, ()>>()
             .expect("the SDK's error is the cause");
         assert!(sdk.as_service_error().is_some());

@@ -142,6 +142,7 @@ mod tests {
             assert!(
                 cause
                     .get()
+                    .expect("an error, not a message")
                     .downcast_ref::<SdkError<PutItemError>>()
                     .is_some(),
                 "the SDK's error is the cause"
