@@ -322,3 +322,101 @@ shard_sync_every = "1s""#)
     );
     assert!(rig.host.terminate().await.unwrap().success());
 }
+
+/// Lease-store requests and WARN lines while the DynamoDB proxy applies
+/// `faults` for 10 s to a lone host on 4 idle shards with the default
+/// lease settings (idle: nothing but renewals to write, where a failed
+/// renewal was tried again at once); then checks that records put after
+/// it are handled. `count` reads the proxy's count of the requests it
+/// refused.
+async fn store_failing_for_10s(
+    faults: Faults,
+    count: fn(&FaultProxy) -> u64,
+) -> (u64, Vec<String>) {
+    // The default lease settings: what production runs.
+    let mut rig = rig("").await;
+    rig.put_and_wait("before", 100, "records put before the outage")
+        .await;
+    // Their checkpoints written (`checkpoint_every` is 200 ms here).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let warned_before = rig
+        .host
+        .lines()
+        .iter()
+        .filter(|l| field(l, "level") == "WARN")
+        .count();
+    rig.dynamodb_proxy.set(faults);
+    // The failing window.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    rig.dynamodb_proxy.clear();
+    let sent = count(&rig.dynamodb_proxy);
+    let warned: Vec<String> = rig
+        .host
+        .lines()
+        .iter()
+        .filter(|l| field(l, "level") == "WARN")
+        .skip(warned_before)
+        .map(|l| field(l, "message").to_owned())
+        .collect();
+    rig.put_and_wait("after", 100, "records put after the outage")
+        .await;
+    assert!(rig.host.terminate().await.unwrap().success());
+    (sent, warned)
+}
+
+/// Healthy, 4 leases renew every 3 s: ~14 writes in 10 s. Backed off (at
+/// most one write per lease per `renew_every` once the backoff is capped,
+/// up to 3 SDK attempts each) plus the syncs, a 10 s failure stays well
+/// under this; retried at once in a loop, it was thousands a second.
+const MOST_REQUESTS: u64 = 300;
+/// Each failing kind once per 10 s, and a line per lease lost.
+const MOST_WARNINGS: usize = 16;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_outage_is_retried_with_backoff_not_in_a_loop() {
+    // DynamoDB resets every connection for 10 s: every renewal,
+    // checkpoint and listing fails. Each reset is a request the host sent.
+    let outage = Faults {
+        reset: true,
+        ..Faults::default()
+    };
+    let (sent, warned) = store_failing_for_10s(outage, FaultProxy::reset_count).await;
+    eprintln!(
+        "store outage: {sent} DynamoDB requests in 10 s on 4 leases, {} WARN lines",
+        warned.len()
+    );
+    assert!(sent > 0, "the outage was met");
+    assert!(sent <= MOST_REQUESTS, "{sent} requests in a 10 s outage");
+    assert!(
+        warned.len() <= MOST_WARNINGS,
+        "{} WARN lines in a 10 s outage: {warned:#?}",
+        warned.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_failing_at_once_are_retried_with_backoff_not_in_a_loop() {
+    // Every lease write (UpdateItem) refused at once for 10 s with an
+    // error the SDK does not retry — as every error is once its retry
+    // quota is spent: the keeper's own backoff is all that spaces them.
+    let refused = Faults {
+        inject: Some(Injection {
+            operation: "UpdateItem".to_owned(),
+            error: "AccessDeniedException".to_owned(),
+            status: 400,
+        }),
+        ..Faults::default()
+    };
+    let (sent, warned) = store_failing_for_10s(refused, FaultProxy::injected).await;
+    eprintln!(
+        "writes refused: {sent} UpdateItem requests in 10 s on 4 leases, {} WARN lines",
+        warned.len()
+    );
+    assert!(sent > 0, "the refusals were met");
+    assert!(sent <= MOST_REQUESTS, "{sent} writes in 10 s of refusals");
+    assert!(
+        warned.len() <= MOST_WARNINGS,
+        "{} WARN lines in 10 s of refusals: {warned:#?}",
+        warned.len()
+    );
+}

@@ -46,7 +46,18 @@
 //! lease (the shard is done). A request names the reader session it covers
 //! and is written only for that taking of the lease. A write that fails
 //! for a transient reason goes back in line (a newer request covering it,
-//! `drained` kept) and is tried again at the next renewal tick.
+//! `drained` kept) and is tried again after a backoff (below).
+//!
+//! # Failed writes back off
+//! A write of a lease (renewal, checkpoint, release) that fails for a
+//! transient reason — the store unreachable, an error, throttling — is tried
+//! again after a jittered, capped backoff of its own (from 200 ms up to
+//! `renew_every`), never at once: whatever the SDK's retry quota says, a
+//! failing store sees no more writes per lease than a healthy one, and a
+//! fleet's retries spread out instead of arriving together. The backoff
+//! resets at the next write that lands. Each kind of failure is logged at
+//! WARN at most once every 10 s with the number of failures kept back
+//! (throttling has its own gate and counter, as for GetRecords).
 //!
 //! # Graceful release (hand-over and shutdown)
 //! The shard's reader is told to stop; it tells settlement how far it got;
@@ -121,6 +132,7 @@ use calls::Io;
 
 use super::planner::Planner;
 use super::{CheckpointRequest, CheckpointState, HeldLease, LeaseError, LeaseKey, LeaseStore};
+use crate::backoff::Backoff;
 use crate::config::{LeaseConfig, SubscriptionConfig};
 use crate::ids::{OwnerId, SessionId, ShardId, StreamName};
 use crate::kinesis::{HashKeyRange, Kinesis, KinesisError, ReadFrom, ShardInfo};
@@ -135,6 +147,19 @@ pub(crate) const CHECKPOINT_QUEUE: usize = 256;
 /// tasks, so it keeps up; the keeper's own queue absorbs a burst (a sync
 /// that took many leases).
 pub(crate) const ASSIGNMENT_QUEUE: usize = 64;
+
+/// The first wait before a failed lease write is tried again (module
+/// docs, "Failed writes back off").
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+
+/// Sleeps until `at`, or forever when there is nothing to wait for (a
+/// `select!` branch that never fires).
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// What the keeper tells the reader pool.
 #[derive(Debug)]
@@ -212,6 +237,11 @@ struct Holding {
     /// Given up for longer than `shutdown_timeout`: released as soon as the
     /// write under way lands.
     force_release: bool,
+    /// The last write failed for a transient reason: no write of this lease
+    /// before then (module docs, "Failed writes back off").
+    retry_at: Option<Instant>,
+    /// The wait before the next try after a failure; reset by a success.
+    backoff: Backoff,
 }
 
 impl Holding {
@@ -262,6 +292,9 @@ pub(crate) struct Keeper {
     unread: Gauge,
     telemetry: Arc<Telemetry>,
     throttle_log: LogGate,
+    /// One gate per kind of failing store call (renewal, checkpoint,
+    /// release, acquire, listing): each logged at most once an interval.
+    failure_log: HashMap<&'static str, LogGate>,
     /// Shards this instance handed over, and when: not taken back for a
     /// lease duration, so the instance that asked gets them (an instance
     /// with no lease yet is invisible to the planner's live count, and
@@ -309,6 +342,7 @@ impl Keeper {
             unread,
             telemetry,
             throttle_log: LogGate::every(crate::throttle::LOG_INTERVAL),
+            failure_log: HashMap::new(),
             subscription,
             lease,
             owner,
@@ -349,12 +383,14 @@ impl Keeper {
         }
         renew.reset(); // the first renewal is one interval after taking.
         loop {
+            let retry = self.next_retry();
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = sync.tick() => self.sync(),
                 _ = renew.tick() => self.renew_all(),
                 Some(request) = checkpoints.recv() => self.on_request(request),
                 Some(io) = self.io.join_next() => self.on_io(io),
+                () = sleep_until_some(retry) => self.retry_due(),
                 permit = assignments.reserve(), if !self.outbox.is_empty() => match permit {
                     Ok(permit) => permit.send(self.outbox.pop_front().expect("checked non-empty")),
                     Err(_) => {
@@ -377,6 +413,7 @@ impl Keeper {
         drop(assignments);
         let mut requests_open = true;
         while requests_open || !self.io.is_empty() || self.has_pending() {
+            let retry = self.next_retry();
             tokio::select! {
                 request = checkpoints.recv(), if requests_open => match request {
                     Some(request) => self.on_request(request),
@@ -391,6 +428,7 @@ impl Keeper {
                     }
                 },
                 Some(io) = self.io.join_next() => self.on_io(io),
+                () = sleep_until_some(retry) => self.retry_due(),
                 _ = renew.tick() => if requests_open {
                     self.renew_all();
                 } else {
@@ -438,10 +476,12 @@ impl Keeper {
                 Ok(()) => {
                     tracing::info!(subscription = %self.subscription.name, shard_id = %shard, held = self.held.len(), "lease released")
                 }
-                Err(e) => {
-                    self.note_store_error(Some(&shard), &e);
-                    tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, "lease not released; it will expire")
-                }
+                Err(e) => self.warn_failed(
+                    "release",
+                    Some(&shard),
+                    &e,
+                    "lease not released; it will expire",
+                ),
             },
             Io::Asked {
                 lease,
@@ -458,6 +498,66 @@ impl Keeper {
                     tracing::debug!(subscription = %self.subscription.name, shard_id = %lease.key.shard, error = %e, "hand-over request not placed")
                 }
             },
+        }
+    }
+
+    /// The backoff of a lease's writes after a transient failure: from a
+    /// fraction of `renew_every` up to `renew_every`, so a failing store
+    /// sees no more writes of a lease than a healthy one does.
+    pub(super) fn write_backoff(&self) -> Backoff {
+        let cap = self.lease.renew_every;
+        Backoff::new(RETRY_FIRST.min(cap), cap)
+    }
+
+    /// Counts a failed store call of kind `what` (of one shard's lease, or
+    /// of the table: `None`) and logs it at WARN at most once an interval
+    /// per kind, with how many were kept back (a throttled call is logged
+    /// by [`Self::note_store_error`]'s own gate instead).
+    pub(super) fn warn_failed(
+        &mut self,
+        what: &'static str,
+        shard: Option<&ShardId>,
+        e: &LeaseError,
+        message: &str,
+    ) {
+        self.note_store_error(shard, e);
+        if matches!(e, LeaseError::Throttled(_)) {
+            return;
+        }
+        let gate = self
+            .failure_log
+            .entry(what)
+            .or_insert_with(|| LogGate::every(crate::throttle::LOG_INTERVAL));
+        if let Some(suppressed) = gate.note(std::time::Instant::now()) {
+            tracing::warn!(
+                subscription = %self.subscription.name,
+                shard_id = shard.map(tracing::field::display),
+                error = %e,
+                suppressed,
+                "{message} (logged at most once every 10 s; suppressed: since the last line)"
+            );
+        }
+    }
+
+    /// When the earliest lease write waiting out its backoff is due.
+    fn next_retry(&self) -> Option<Instant> {
+        self.held.values().filter_map(|h| h.retry_at).min()
+    }
+
+    /// Starts the writes whose backoff has passed.
+    fn retry_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<ShardId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.retry_at.is_some_and(|at| at <= now))
+            .map(|(s, _)| s.clone())
+            .collect();
+        for shard in due {
+            if let Some(holding) = self.held.get_mut(&shard) {
+                holding.retry_at = None;
+            }
+            self.next_write(&shard);
         }
     }
 

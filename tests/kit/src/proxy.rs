@@ -72,6 +72,7 @@ pub struct FaultProxy {
     faults: watch::Sender<Faults>,
     injected: Arc<AtomicU64>,
     forwarded: Arc<AtomicU64>,
+    reset: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -99,19 +100,19 @@ impl FaultProxy {
         let (faults, rx) = watch::channel(Faults::default());
         let injected = Arc::new(AtomicU64::new(0));
         let forwarded = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(serve(
-            Some(listener),
-            addr,
-            upstream,
-            rx,
-            injected.clone(),
-            forwarded.clone(),
-        ));
+        let reset = Arc::new(AtomicU64::new(0));
+        let counters = Counters {
+            injected: injected.clone(),
+            forwarded: forwarded.clone(),
+            reset: reset.clone(),
+        };
+        let task = tokio::spawn(serve(Some(listener), addr, upstream, rx, counters));
         Ok(Self {
             addr,
             faults,
             injected,
             forwarded,
+            reset,
             task,
         })
     }
@@ -140,6 +141,12 @@ impl FaultProxy {
     pub fn forwarded(&self) -> u64 {
         self.forwarded.load(Ordering::Relaxed)
     }
+
+    /// Connections reset (under [`Faults::reset`]) so far: each one a
+    /// request the client tried to send.
+    pub fn reset_count(&self) -> u64 {
+        self.reset.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for FaultProxy {
@@ -158,13 +165,20 @@ fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     Ok(socket.listen(1024)?)
 }
 
+/// What the proxy counts, shared with its connection tasks.
+#[derive(Clone)]
+struct Counters {
+    injected: Arc<AtomicU64>,
+    forwarded: Arc<AtomicU64>,
+    reset: Arc<AtomicU64>,
+}
+
 async fn serve(
     mut listener: Option<tokio::net::TcpListener>,
     addr: SocketAddr,
     upstream: SocketAddr,
     mut faults: watch::Receiver<Faults>,
-    injected: Arc<AtomicU64>,
-    forwarded: Arc<AtomicU64>,
+    counters: Counters,
 ) {
     loop {
         let refuse = faults.borrow().refuse;
@@ -188,10 +202,9 @@ async fn serve(
             accepted = current.accept() => {
                 let Ok((client, _)) = accepted else { continue };
                 let now = faults.borrow().clone();
-                let injected = injected.clone();
-                let forwarded = forwarded.clone();
+                let counters = counters.clone();
                 tokio::spawn(async move {
-                    let _ = handle(client, upstream, now, &injected, &forwarded).await;
+                    let _ = handle(client, upstream, now, &counters).await;
                 });
             }
         }
@@ -203,10 +216,15 @@ async fn handle(
     mut client: TcpStream,
     upstream: SocketAddr,
     faults: Faults,
-    injected: &AtomicU64,
-    forwarded: &AtomicU64,
+    counters: &Counters,
 ) -> anyhow::Result<()> {
+    let Counters {
+        injected,
+        forwarded,
+        reset,
+    } = counters;
     if faults.reset {
+        reset.fetch_add(1, Ordering::Relaxed);
         // A zero linger makes the close a reset (RST). Deprecated because a
         // non-zero linger blocks the thread on drop; zero never does.
         #[allow(deprecated)]

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backoff::Backoff;
 use crate::ids::{OwnerId, SessionId, ShardId};
 use crate::kinesis::{KinesisError, ShardInfo};
 use crate::lease::{CheckpointRequest, HeldLease, Lease, LeaseError, LeaseStore, StateWrite};
@@ -98,7 +99,7 @@ pub(super) async fn renew(
 /// A checkpoint write, recovering from a lost answer (in its own task: the
 /// keeper goes on). A transient failure is not retried here, where it would
 /// hold the lease's only write slot: the request goes back in line and is
-/// tried again at the next renewal tick, renewals taking their turn.
+/// tried again after a backoff, renewals taking their turn.
 pub(super) async fn checkpoint(
     store: &dyn LeaseStore,
     owner: &OwnerId,
@@ -113,5 +114,29 @@ pub(super) async fn checkpoint(
             bounded(limit, store.checkpoint(&lease, checkpoint, state)).await
         }
         other => other,
+    }
+}
+
+/// Releases `held`, trying again after `backoff` while the store fails
+/// transiently, until `limit` has passed since the first try: by then
+/// the lease has expired, and another instance takes it without us.
+pub(super) async fn release(
+    store: &dyn LeaseStore,
+    held: &HeldLease,
+    limit: Duration,
+    mut backoff: Backoff,
+) -> Result<(), LeaseError> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match bounded(left, store.release(held)).await {
+            Err(LeaseError::Store(_) | LeaseError::Throttled(_))
+                if Instant::now() + backoff.clone().next_wait() < deadline =>
+            {
+                // Waiting out the backoff before the next try.
+                tokio::time::sleep(backoff.next_wait()).await;
+            }
+            other => return other,
+        }
     }
 }

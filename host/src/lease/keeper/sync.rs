@@ -283,6 +283,8 @@ impl Keeper {
                 pending: None,
                 renew_due: false,
                 force_release: false,
+                retry_at: None,
+                backoff: self.write_backoff(),
             },
         );
         self.leases_held.set(self.held.len() as u64);

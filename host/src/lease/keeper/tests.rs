@@ -65,6 +65,8 @@ struct Store {
     checkpoints: AtomicUsize,
     /// Checkpoint writes still to fail (the store unreachable).
     failing_checkpoints: AtomicUsize,
+    /// Renewals still to fail at once (the store refusing them).
+    failing_renewals: AtomicUsize,
 }
 
 #[async_trait]
@@ -92,6 +94,13 @@ impl LeaseStore for Store {
 
     async fn renew(&self, held: &HeldLease) -> Result<HeldLease, LeaseError> {
         self.renewals.lock().unwrap().push(held.key.shard.clone());
+        if self
+            .failing_renewals
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(LeaseError::Store("scripted refusal".into()));
+        }
         self.inner.renew(held).await
     }
 
@@ -322,6 +331,26 @@ async fn renews_on_its_timer_and_moves_the_validity_deadline() {
 
 /// Catches: a reader that keeps handing out records of a shard another
 /// instance took.
+#[tokio::test(start_paused = true)]
+async fn failed_renewals_are_tried_again_after_a_backoff_not_at_once() {
+    let store = Arc::new(Store::default());
+    store.failing_renewals.store(usize::MAX, Ordering::SeqCst);
+    let mut rig = start(store.clone(), vec![shard("s0", None, false)]);
+    let (_, _, _, valid) = read_of(rig.next(Duration::from_secs(1)).await);
+    // Every renewal refused at once, for 6 s: the first at 3 s, then
+    // after 0.1–0.2, 0.2–0.4, 0.4–0.8, 0.8–1.6 s… — at most 6 by then,
+    // where a retry at once made thousands.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let tries = store.renewals_of("s0");
+    assert!((3..=6).contains(&tries), "{tries} renewals in 3 s of refusals");
+    // The store answers again: the next try lands, and the lease is kept.
+    store.failing_renewals.store(0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(*valid.borrow() > Instant::now(), "renewed before it lapsed");
+    assert_eq!(rig.lease("s0").await.owner, Some(OwnerId::from(ME)));
+    rig.stop.cancel();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lease_taken_by_another_instance_stops_its_reader() {
     let mut rig = start(Arc::new(Store::default()), vec![shard("s0", None, false)]);

@@ -4,7 +4,7 @@
 
 use tokio::time::Instant;
 
-use super::calls::{Io, bounded, checkpoint, renew};
+use super::calls::{Io, bounded, checkpoint, release, renew};
 use super::{Assignment, Keeper, StopReason};
 use crate::ids::{SessionId, ShardId};
 use crate::lease::{CheckpointRequest, HeldLease, LeaseError};
@@ -73,11 +73,13 @@ impl Keeper {
 
     /// Starts the next write of a lease, if none is under way: the pending
     /// checkpoint first (it renews too), else a due renewal.
-    fn next_write(&mut self, shard: &ShardId) {
+    pub(super) fn next_write(&mut self, shard: &ShardId) {
         let Some(holding) = self.held.get_mut(shard) else {
             return;
         };
-        if holding.writing {
+        // One write at a time; after a failure, not before its backoff
+        // (the keeper's retry timer calls again then).
+        if holding.writing || holding.retry_at.is_some_and(|at| at > Instant::now()) {
             return;
         }
         if holding.force_release {
@@ -140,6 +142,8 @@ impl Keeper {
         };
         let handoff = lease.handoff.clone();
         holding.lease = lease;
+        holding.retry_at = None;
+        holding.backoff.reset();
         if moved {
             holding.extend(sent_at, duration);
             holding.renew_due = false;
@@ -158,15 +162,26 @@ impl Keeper {
         }
     }
 
-    /// A write failed for a transient reason: the lease is lost once its
-    /// validity deadline has passed; true when it still is held.
-    fn failed(&mut self, shard: &ShardId, e: &LeaseError, what: &str) -> bool {
-        let overdue = self
-            .held
-            .get(shard)
-            .is_some_and(|h| Instant::now() >= *h.valid_until.borrow());
-        self.note_store_error(Some(shard), e);
-        tracing::warn!(subscription = %self.subscription.name, shard_id = %shard, error = %e, overdue, "{what}");
+    /// A write of kind `what` failed for a transient reason: the lease is
+    /// lost once its validity deadline has passed; else its next write
+    /// waits out a backoff (module docs, "Failed writes back off"). True
+    /// when it still is held.
+    fn failed(
+        &mut self,
+        shard: &ShardId,
+        e: &LeaseError,
+        what: &'static str,
+        message: &str,
+    ) -> bool {
+        let now = Instant::now();
+        let overdue = match self.held.get_mut(shard) {
+            Some(h) => {
+                h.retry_at = Some(now + h.backoff.next_wait());
+                now >= *h.valid_until.borrow()
+            }
+            None => false,
+        };
+        self.warn_failed(what, Some(shard), e, message);
         if overdue {
             self.lose(shard, "not renewed within a lease duration");
         }
@@ -192,7 +207,12 @@ impl Keeper {
                 return;
             }
             Err(e) => {
-                if !self.failed(&shard, &e, "lease renewal failed") {
+                if !self.failed(
+                    &shard,
+                    &e,
+                    "renewal",
+                    "lease renewal failed; retrying after a backoff",
+                ) {
                     return;
                 }
             }
@@ -224,15 +244,18 @@ impl Keeper {
         }
     }
 
-    /// Releases a lease no longer held (in a task).
+    /// Releases a lease no longer held (in a task), trying again after a
+    /// backoff while the store fails, for at most a lease duration (the
+    /// lease has expired by then anyway).
     pub(super) fn release(&mut self, shard: &ShardId, lease: HeldLease) {
         self.leases_held.set(self.held.len() as u64);
         self.status.released(shard);
         let store = self.store.clone();
         let limit = self.lease.lease_duration;
+        let backoff = self.write_backoff();
         let shard = shard.clone();
         self.io.spawn(async move {
-            let result = bounded(limit, store.release(&lease)).await;
+            let result = release(&*store, &lease, limit, backoff).await;
             Io::Released { shard, result }
         });
     }
@@ -301,12 +324,14 @@ impl Keeper {
                 if !self.failed(
                     &shard,
                     &e,
-                    "checkpoint not written; tried again at the next renewal",
+                    "checkpoint",
+                    "checkpoint not written; retrying after a backoff",
                 ) {
                     return;
                 }
                 // Back in line, behind nothing newer: a newer request
-                // covers it, keeping `drained`. Tried at the next tick.
+                // covers it, keeping `drained`. Tried again once the
+                // backoff has passed (the keeper's retry timer).
                 if let Some(holding) = self.held.get_mut(&shard) {
                     holding.pending = Some(match holding.pending.take() {
                         Some(newer) => merge(Some(request), newer),
