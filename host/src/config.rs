@@ -242,6 +242,9 @@ pub struct LeaseConfig {
     pub renew_every: Duration,
     /// How often the stream's shards are listed and free leases taken.
     pub shard_sync_every: Duration,
+    /// The most leases of a subscription one instance takes (KCL's
+    /// `maxLeasesForWorker`); `None`: no cap beyond the fair share.
+    pub max_leases_per_instance: Option<usize>,
 }
 
 /// Where a shard without a checkpoint starts.

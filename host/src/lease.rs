@@ -1,24 +1,86 @@
 //! Leases: who reads which shard, and where each shard's checkpoint lives.
 //!
 //! A lease exists per subscription name + stream + shard ([`LeaseKey`]). The
-//! [`LeaseStore`] trait is the storage contract; every write is conditional
-//! on what the writer last saw, so two hosts can never both believe they
-//! hold a shard, and a host that lost a lease can never write its
-//! checkpoint:
+//! [`LeaseStore`] trait is the storage contract; every lease write is
+//! conditional on what the writer last saw, so two hosts can never both
+//! believe they hold a shard, and a host that lost a lease can never write
+//! its checkpoint:
 //! - `acquire` takes a lease only if it is still as the caller observed it
 //!   (absent, free, its own, or expired by the caller's observation);
 //! - `renew`, `checkpoint` and `release` require the caller to still be the
 //!   owner **and** the lease counter to be the one it last saw. Each bumps
-//!   the counter, so a lease whose counter stops moving is dead (KCL's rule:
-//!   expiry is judged by the taker watching the counter, never by comparing
-//!   clocks of different hosts).
+//!   the counter.
 //!
-//! Hand-over: an instance below its fair share may ask an owner to hand a
-//! lease over (`request_handoff` marks the lease without touching its
-//! counter). The owner learns of it at its next renewal, stops that shard's
-//! reader, lets what is in flight settle, writes the final checkpoint and
-//! releases the lease; the asker takes it at its next sync and starts after
-//! that checkpoint.
+//! # Heartbeats: liveness per instance, not per lease
+//! Each instance also writes a [`Heartbeat`] per subscription, on its own
+//! timer (`renew_every`): one unconditional write that bumps the
+//! heartbeat's counter and publishes the instance's load. A healthy fleet
+//! writes one heartbeat per instance per interval and no lease at all; a
+//! lease is written only to take it, hand it over, checkpoint it (when the
+//! position moved) and release it. (KCL renews every lease every interval,
+//! and so did earlier versions here.)
+//!
+//! **The rule.** Another owner's lease is expired when its counter has not
+//! moved for a lease duration **and** its owner's heartbeat (if it has one)
+//! has not moved either, both as observed on the taker's own clock
+//! (KCL's rule: never comparing clocks of different hosts), measured from
+//! the answer of the read that first showed the value to the question of
+//! the latest read that still showed it ([`planner`]).
+//!
+//! **The holder's side.** A lease is surely ours until (the moment we
+//! *sent* the later of our last landed heartbeat and our last landed write
+//! of that lease) + `lease_duration`: a taker needs both to stand still for
+//! a lease duration, and its watch of each began after the write was sent.
+//! The keeper publishes that deadline to the shard's reader, which hands
+//! out nothing past it.
+//!
+//! **Why it fences exactly as before.** A heartbeat that lands extends the
+//! deadline only of leases whose deadline had not passed when its answer
+//! arrived: then the heartbeat landed before any taker could have seen it
+//! stand still for a lease duration, so none has taken (or will take,
+//! without watching the new value for another lease duration) any of our
+//! leases. A lease whose deadline passed first (the process was paused, its
+//! heartbeats were failing) may have been taken meanwhile, and the
+//! heartbeat proves nothing about it: it is verified by a conditional
+//! renewal of its own, which either moves its counter (no taker got it, and
+//! none can now without another lease duration) or finds it changed (lost:
+//! its reader stops, and nothing more of it is written). Checkpoints stay
+//! conditional on owner and counter, so a paused instance that resumes
+//! writes nothing another's checkpoint already passed. An instance whose
+//! heartbeats fail loses every lease at once, at the one deadline they
+//! share. Taking a lease is a conditional write on the lease as observed,
+//! so two takers never both succeed.
+//!
+//! **Hand-overs and losses are learnt at the sync** (every
+//! `shard_sync_every`, which reads the whole group in one query): a lease
+//! marked with a hand-over request starts a graceful hand-over, and a lease
+//! whose counter moved past ours under another owner is lost.
+//!
+//! **Mixed versions.** An instance of an earlier version judges leases by
+//! their counters alone. While any live owner has no heartbeat, every
+//! instance of this version also renews each lease it holds on the timer,
+//! as earlier versions did, so a rolling upgrade takes nothing from anyone;
+//! once the last earlier instance is gone, the renewals stop by themselves.
+//! Tables need no upgrade: heartbeats are added as instances start, and
+//! earlier versions ignore them. Leases imported from KCL (`import-kcl`)
+//! are free leases with checkpoints, as before.
+//!
+//! **Two processes with the same `owner_id`** (a misconfiguration) share
+//! one heartbeat: the leases one holds that the other does not are judged
+//! by their own counters by the other (rule 5 of the planner), so an idle
+//! one can be taken from under it after a lease duration; its checkpoint
+//! write is then refused and its reader stops. Give each instance its own
+//! id (the default is host name, pid and a random suffix).
+//!
+//! # Hand-over
+//! An instance below its fair share (or far below another's load) asks
+//! an owner to hand a lease over (`request_handoff` marks the lease without
+//! touching its counter). The owner learns of it at its next sync (or
+//! write of the lease), stops that shard's reader, lets what is in flight
+//! settle, writes the final checkpoint and releases the lease, leaving the
+//! request on it as the asker's reservation; the asker takes it at its next
+//! sync and starts after that checkpoint, and others leave it alone for a
+//! lease duration.
 //!
 //! Backends live in `lease/*`: [`memory::MemoryLeaseStore`] (this process
 //! only), [`file::FileLeaseStore`] (embedded, crash-safe, one instance),
@@ -26,7 +88,7 @@
 //! [`planner`] decides which leases to take and which to ask for; the
 //! [`keeper`] task owns the leases a subscription holds: it discovers shards,
 //! takes leases, tells the reader pool which shards to read
-//! ([`Assignment`]), renews on its own timer and writes the checkpoints
+//! ([`Assignment`]), heartbeats on its own timer and writes the checkpoints
 //! settlement asks for ([`CheckpointRequest`]).
 //!
 //! Floor 4 (leases) of the crate's layers (see "Layers" in the crate
@@ -135,6 +197,98 @@ pub struct Lease {
     pub checkpoint: Option<Checkpoint>,
     /// Another instance asked the owner to hand this lease over.
     pub handoff: Option<OwnerId>,
+}
+
+/// An instance's proof that it is alive, one per instance per
+/// subscription and stream, written on its own timer (see "Heartbeats"
+/// in the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Heartbeat {
+    /// The instance.
+    pub owner: OwnerId,
+    /// Bumped by every heartbeat; one that stops moving means the
+    /// instance is gone.
+    pub counter: u64,
+    /// What the instance reads, as of this heartbeat (for balancing by
+    /// load).
+    pub load: Load,
+    /// Hand-over requests placed on the instance's leases so far: a change
+    /// tells it, at its next heartbeat, to look at its leases now rather
+    /// than at its next sync.
+    pub asks: u64,
+}
+
+/// The records an instance reads a second, smoothed, as its heartbeat
+/// publishes them: the total, and the busiest shards it holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Load {
+    /// Records a second over every shard the instance holds.
+    pub total: f64,
+    /// The busiest shards it holds, busiest first, at most
+    /// [`Load::HOTTEST`]; a held shard not listed reads no more than the
+    /// last one listed.
+    pub hottest: Vec<(ShardId, f64)>,
+    /// Every shard it holds has been measured long enough for its rate to
+    /// mean something (a shard just taken reads as quiet at first):
+    /// nothing moves for load on an unsettled figure.
+    pub settled: bool,
+}
+
+impl Load {
+    /// How many shards a heartbeat lists: enough to move the hot ones,
+    /// small enough that a heartbeat stays one write unit (1 KB).
+    pub const HOTTEST: usize = 16;
+
+    /// The stored form: `{"total": 12.5, "hottest": [["shardId-1", 9.0]],
+    /// "settled": true}`.
+    pub(crate) fn to_json(&self) -> String {
+        serde_json::json!({
+            "total": self.total,
+            "hottest": self.hottest.iter().map(|(s, r)| (s.as_str(), r)).collect::<Vec<_>>(),
+            "settled": self.settled,
+        })
+        .to_string()
+    }
+
+    /// From the stored form; `None` when it does not parse.
+    pub(crate) fn from_json(text: &str) -> Option<Self> {
+        #[derive(serde::Deserialize)]
+        struct Wire {
+            total: f64,
+            hottest: Vec<(String, f64)>,
+            #[serde(default)]
+            settled: bool,
+        }
+        let wire: Wire = serde_json::from_str(text).ok()?;
+        Some(Self {
+            total: wire.total,
+            hottest: wire
+                .hottest
+                .into_iter()
+                .map(|(s, r)| (ShardId::new(s), r))
+                .collect(),
+            settled: wire.settled,
+        })
+    }
+
+    /// The rate the load lists for `shard`; zero for a shard it does not
+    /// list (one of the quiet ones).
+    pub(crate) fn rate_of(&self, shard: &ShardId) -> f64 {
+        self.hottest
+            .iter()
+            .find(|(s, _)| s == shard)
+            .map_or(0.0, |(_, r)| *r)
+    }
+}
+
+/// A subscription's leases and the heartbeats of the instances sharing
+/// them, as one sync reads them.
+#[derive(Debug, Clone, Default)]
+pub struct Survey {
+    /// Every lease.
+    pub leases: Vec<Lease>,
+    /// Every instance's heartbeat.
+    pub heartbeats: Vec<Heartbeat>,
 }
 
 /// A lease this process holds, as of its last successful write.
@@ -246,10 +400,25 @@ pub(crate) mod rules {
         }
     }
 
-    /// Releasing: no owner, no pending request.
+    /// Releasing: no owner. A hand-over request stays, as the reservation
+    /// of the instance that asked (the planner leaves such a free lease to
+    /// it for a while); taking the lease clears it.
     pub(crate) fn release(lease: &mut Lease) {
         lease.owner = None;
-        lease.handoff = None;
+    }
+
+    /// The next heartbeat of `owner`, from its stored one (if any).
+    pub(crate) fn heartbeat(
+        current: Option<super::Heartbeat>,
+        owner: &OwnerId,
+        load: &super::Load,
+    ) -> super::Heartbeat {
+        super::Heartbeat {
+            owner: owner.clone(),
+            counter: current.as_ref().map_or(1, |h| h.counter + 1),
+            load: load.clone(),
+            asks: current.map_or(0, |h| h.asks),
+        }
     }
 }
 
@@ -274,12 +443,43 @@ pub enum LeaseError {
 /// every backend keeps).
 #[async_trait]
 pub trait LeaseStore: Send + Sync + 'static {
+    /// Every lease of a subscription on a stream, and the heartbeats of
+    /// the instances sharing them, in one read.
+    async fn survey(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+    ) -> Result<Survey, LeaseError>;
+
     /// Every lease of a subscription on a stream.
     async fn list(
         &self,
         subscription: &SubscriptionName,
         stream: &StreamName,
-    ) -> Result<Vec<Lease>, LeaseError>;
+    ) -> Result<Vec<Lease>, LeaseError> {
+        Ok(self.survey(subscription, stream).await?.leases)
+    }
+
+    /// Writes `owner`'s heartbeat for a subscription on a stream: bumps
+    /// its counter (creating it at 1) and stores `load`. Unconditional:
+    /// only `owner` writes it.
+    async fn heartbeat(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+        owner: &OwnerId,
+        load: &Load,
+    ) -> Result<Heartbeat, LeaseError>;
+
+    /// Deletes a heartbeat if its counter is still `counter` (an instance
+    /// retiring its own at shutdown, or one long dead).
+    async fn retire_heartbeat(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+        owner: &OwnerId,
+        counter: u64,
+    ) -> Result<(), LeaseError>;
 
     /// One lease, if it exists.
     async fn read(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError>;
@@ -299,7 +499,9 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Asks the owner of a lease, as `seen`, to hand it over to `to`. Does
     /// not move the counter; refused when the lease changed or already has a
-    /// request.
+    /// request. Then bumps the `asks` of the owner's heartbeat, if it has
+    /// one, so it learns of the request at its next heartbeat (a hint: the
+    /// request stands whether or not this lands).
     async fn request_handoff(&self, seen: &Lease, to: &OwnerId) -> Result<(), LeaseError>;
 
     /// Writes the shard's checkpoint (and bumps the counter), and with it,

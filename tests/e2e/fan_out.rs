@@ -239,6 +239,17 @@ async fn a_fleet_on_fan_out_shares_shards_and_hands_over_on_sigterm() {
     )
     .unwrap();
     wait_counts(&dynalite, &table, &[2, 2], Duration::from_secs(120)).await;
+    // Each reads its shards by fan-out before host-a leaves (the fleet
+    // converges in seconds; registering a consumer takes longer).
+    for host in [&mut a, &mut b] {
+        host.wait_for("a fan-out subscription", Duration::from_secs(60), |lines| {
+            lines
+                .iter()
+                .any(|l| field(l, "message") == "subscribed to the shard")
+        })
+        .await
+        .unwrap();
+    }
 
     assert!(a.terminate().await.unwrap().success());
     let counts = wait_counts(&dynalite, &table, &[4], Duration::from_secs(60)).await;

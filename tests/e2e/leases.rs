@@ -121,7 +121,7 @@ log_rate = 1000000
 }
 
 /// The lease table: shard → (owner, counter, checkpoint).
-async fn lease_table(
+pub(crate) async fn lease_table(
     dynalite: &Dynalite,
     table: &str,
 ) -> BTreeMap<String, (Option<String>, u64, Option<String>)> {
@@ -133,7 +133,7 @@ async fn lease_table(
 type Table = BTreeMap<String, (Option<String>, u64, Option<String>)>;
 
 /// The table, or an error while the hosts have not created it yet.
-async fn try_lease_table(dynalite: &Dynalite, table: &str) -> anyhow::Result<Table> {
+pub(crate) async fn try_lease_table(dynalite: &Dynalite, table: &str) -> anyhow::Result<Table> {
     let items = dynalite
         .client()
         .scan()
@@ -148,8 +148,10 @@ async fn try_lease_table(dynalite: &Dynalite, table: &str) -> anyhow::Result<Tab
     };
     Ok(items
         .iter()
-        // Leases only: per-key state and commit manifests share the table.
+        // Leases only: per-key state, commit manifests and the instances'
+        // heartbeats (`!live#<owner>`) share the table.
         .filter(|item| item.contains_key("counter"))
+        .filter(|item| !s(item, "shard_id").is_some_and(|k| k.starts_with("!live#")))
         .map(|item| {
             (
                 s(item, "shard_id").unwrap(),

@@ -20,6 +20,7 @@ mod failures;
 mod fan_out;
 mod faults;
 mod files;
+mod fleet;
 mod hostile;
 mod import_kcl;
 mod kpl;

@@ -83,6 +83,7 @@ pub(super) struct RawLease {
     pub(super) lease_duration: Option<String>,
     pub(super) renew_every: Option<String>,
     pub(super) shard_sync_every: Option<String>,
+    pub(super) max_leases_per_instance: Option<i64>,
 }
 
 #[derive(Deserialize)]

@@ -220,6 +220,16 @@ impl Validator<'_> {
                 raw.shard_sync_every.as_deref(),
                 defaults::SHARD_SYNC_EVERY,
             )?,
+            max_leases_per_instance: match raw.max_leases_per_instance {
+                None => None,
+                Some(n) => Some(self.count(
+                    "lease.max_leases_per_instance",
+                    Some(n),
+                    0,
+                    1..=100_000,
+                    "at least 1",
+                )? as usize),
+            },
         };
         if lease.renew_every >= lease.lease_duration {
             return Err(self.invalid(

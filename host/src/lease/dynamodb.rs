@@ -9,7 +9,23 @@
 //! | `owner` | S | the holder's owner id; absent when the lease is free |
 //! | `counter` | N | bumped by every write; a counter that stops moving means its owner is gone |
 //! | `checkpoint` | S | a sequence number, or `SHARD_END`; absent before the first checkpoint |
-//! | `handoff_to` | S | an instance that asked the owner to hand the lease over; absent otherwise |
+//! | `handoff_to` | S | an instance that asked the owner to hand the lease over; kept when the lease is released, as that instance's reservation; absent otherwise |
+//!
+//! Each instance's heartbeat (see [`super`], "Heartbeats") is an item of
+//! the same group, so the one Query a sync makes reads it with the leases:
+//!
+//! | attribute | type | role |
+//! |---|---|---|
+//! | `lease_group` | S | `<subscription>#<stream>` |
+//! | `shard_id` | S | `!live#<owner id>` (no shard id starts with `!`) |
+//! | `owner` | S | the instance |
+//! | `counter` | N | bumped by every heartbeat |
+//! | `load` | S | JSON: the instance's records a second, total and busiest shards |
+//! | `asks` | N | bumped by each hand-over request placed on the instance's leases |
+//!
+//! A table of an earlier version needs no upgrade: heartbeat items are
+//! added as instances start, and earlier versions skip them (their
+//! planner only looks at the stream's shard ids).
 //!
 //! Per-key state lives in the same table, in items whose keys no lease can
 //! have, committed with the checkpoint (see the `state` submodule).
@@ -41,7 +57,9 @@ mod state;
 
 use error::{classify, failed};
 
-use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite};
+use super::{
+    Heartbeat, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, Load, StateWrite, Survey,
+};
 use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
 
@@ -51,6 +69,10 @@ const OWNER: &str = "owner";
 const COUNTER: &str = "counter";
 const CHECKPOINT: &str = "checkpoint";
 const HANDOFF: &str = "handoff_to";
+const LOAD: &str = "load";
+const ASKS: &str = "asks";
+/// The sort key prefix of heartbeat items.
+const LIVE: &str = "!live#";
 
 /// How long start-up waits for a new table to become ACTIVE.
 const TABLE_ACTIVE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -98,6 +120,38 @@ fn decode(key: LeaseKey, item: &HashMap<String, AttributeValue>) -> Result<Lease
             .and_then(|v| v.as_s().ok())
             .map(|o| OwnerId::new(o.as_str())),
         key,
+    })
+}
+
+/// A heartbeat item as stored (module docs); a `load` that does not
+/// parse reads as no load (it only steers balancing).
+fn decode_heartbeat(item: &HashMap<String, AttributeValue>) -> Result<Heartbeat, LeaseError> {
+    let owner = item
+        .get(OWNER)
+        .and_then(|v| v.as_s().ok())
+        .ok_or_else(|| LeaseError::Store("a heartbeat item has no owner".into()))?;
+    let counter = item
+        .get(COUNTER)
+        .and_then(|v| v.as_n().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| {
+            LeaseError::Store(format!("heartbeat of {owner} has no valid counter").into())
+        })?;
+    let load = item
+        .get(LOAD)
+        .and_then(|v| v.as_s().ok())
+        .and_then(|v| Load::from_json(v))
+        .unwrap_or_default();
+    let asks = item
+        .get(ASKS)
+        .and_then(|v| v.as_n().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Ok(Heartbeat {
+        owner: OwnerId::new(owner.as_str()),
+        counter,
+        load,
+        asks,
     })
 }
 
@@ -233,6 +287,18 @@ impl DynamoDbLeaseStore {
         }
     }
 
+    fn heartbeat_key(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+        owner: &OwnerId,
+    ) -> HashMap<String, AttributeValue> {
+        HashMap::from([
+            (GROUP.to_owned(), s(&group(subscription, stream))),
+            (SHARD.to_owned(), s(&format!("{LIVE}{owner}"))),
+        ])
+    }
+
     fn key_of(&self, key: &LeaseKey) -> HashMap<String, AttributeValue> {
         HashMap::from([
             (GROUP.to_owned(), s(&group(&key.subscription, &key.stream))),
@@ -268,8 +334,8 @@ impl DynamoDbLeaseStore {
                 .expression_attribute_values(format!(":x{i}"), value.clone());
         }
         if remove_owner {
-            update.push_str(" REMOVE #o, #h");
-            request = request.expression_attribute_names("#h", HANDOFF);
+            // The hand-over request stays: the asker's reservation.
+            update.push_str(" REMOVE #o");
         }
         let output = request
             .update_expression(update)
@@ -290,24 +356,86 @@ impl DynamoDbLeaseStore {
 
 #[async_trait]
 impl LeaseStore for DynamoDbLeaseStore {
-    async fn list(
+    async fn survey(
         &self,
         subscription: &SubscriptionName,
         stream: &StreamName,
-    ) -> Result<Vec<Lease>, LeaseError> {
-        let mut leases = Vec::new();
+    ) -> Result<Survey, LeaseError> {
+        let mut survey = Survey::default();
         for item in self.query_group(&group(subscription, stream)).await? {
             let Some(shard) = item.get(SHARD).and_then(|v| v.as_s().ok()) else {
                 continue;
             };
+            if shard.starts_with(LIVE) {
+                survey.heartbeats.push(decode_heartbeat(&item)?);
+                continue;
+            }
             let key = LeaseKey {
                 subscription: subscription.clone(),
                 stream: stream.clone(),
                 shard: ShardId::new(shard.as_str()),
             };
-            leases.push(decode(key, &item)?);
+            survey.leases.push(decode(key, &item)?);
         }
-        Ok(leases)
+        Ok(survey)
+    }
+
+    async fn heartbeat(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+        owner: &OwnerId,
+        load: &Load,
+    ) -> Result<Heartbeat, LeaseError> {
+        let load = load.to_json();
+        let output = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(self.heartbeat_key(subscription, stream, owner)))
+            .update_expression("SET #c = if_not_exists(#c, :zero) + :one, #o = :me, #l = :load")
+            .expression_attribute_names("#c", COUNTER)
+            .expression_attribute_names("#o", OWNER)
+            .expression_attribute_names("#l", LOAD)
+            .expression_attribute_values(":zero", n(0))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":me", s(owner.as_str()))
+            .expression_attribute_values(":load", s(&load))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await
+            .map_err(failed)?;
+        match output.attributes() {
+            Some(item) => decode_heartbeat(item),
+            None => Err(LeaseError::Store(
+                format!("heartbeat of {owner}: no attributes returned").into(),
+            )),
+        }
+    }
+
+    async fn retire_heartbeat(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+        owner: &OwnerId,
+        counter: u64,
+    ) -> Result<(), LeaseError> {
+        let deleted = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(self.heartbeat_key(subscription, stream, owner)))
+            .condition_expression("#c = :seen")
+            .expression_attribute_names("#c", COUNTER)
+            .expression_attribute_values(":seen", n(counter))
+            .send()
+            .await;
+        match deleted {
+            Ok(_) => Ok(()),
+            // It moved: its instance is alive after all, and keeps it.
+            Err(e) if error::kind(&e) == Some(error::Kind::ConditionFailed) => Ok(()),
+            Err(e) => Err(failed(e)),
+        }
     }
 
     async fn read(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
@@ -442,6 +570,26 @@ impl LeaseStore for DynamoDbLeaseStore {
             .send()
             .await
             .map_err(|e| classify(&seen.key, e))?;
+        // The hint: the owner's heartbeat, where it looks every interval.
+        let hinted = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(self.heartbeat_key(
+                &seen.key.subscription,
+                &seen.key.stream,
+                owner,
+            )))
+            .update_expression("ADD #a :one")
+            .condition_expression("attribute_exists(#o)")
+            .expression_attribute_names("#a", ASKS)
+            .expression_attribute_names("#o", OWNER)
+            .expression_attribute_values(":one", n(1))
+            .send()
+            .await;
+        if let Err(e) = hinted {
+            tracing::debug!(owner = %owner, error = %DisplayErrorContext(&e), "hand-over hint not placed; the owner sees the request at its next sync");
+        }
         Ok(())
     }
 }

@@ -27,6 +27,10 @@
 //! skip what arrived while the host was down (`start = "latest"`); moving the
 //! file away is the operator's decision.
 //!
+//! Heartbeats (see [`super`]) are kept in memory: only this process can
+//! open the file, so no other instance ever reads them, and leases an
+//! earlier process left are released at open, not judged by heartbeat.
+//!
 //! redb is synchronous; each call runs on tokio's blocking pool.
 
 use std::path::{Path, PathBuf};
@@ -36,7 +40,9 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite, rules};
+use super::{
+    Heartbeat, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, Load, StateWrite, Survey, rules,
+};
 use crate::cause::Cause;
 use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
@@ -99,6 +105,8 @@ pub enum FileStoreError {
 #[derive(Clone)]
 pub struct FileLeaseStore {
     db: Arc<Database>,
+    /// This process's heartbeats (module docs).
+    heartbeats: Arc<super::memory::MemoryLeaseStore>,
 }
 
 fn store_error(e: impl std::error::Error + Send + Sync + 'static) -> LeaseError {
@@ -197,7 +205,10 @@ impl FileLeaseStore {
             }
         }
         txn.commit().map_err(|e| open_error(&e))?;
-        Ok(Self { db: Arc::new(db) })
+        Ok(Self {
+            db: Arc::new(db),
+            heartbeats: Arc::new(super::memory::MemoryLeaseStore::new()),
+        })
     }
 
     /// Runs `f` in one write transaction on the blocking pool; commits when
@@ -256,6 +267,45 @@ fn write_in(table: &mut redb::Table<&str, &str>, lease: &Lease) -> Result<(), Le
 
 #[async_trait]
 impl LeaseStore for FileLeaseStore {
+    async fn survey(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+    ) -> Result<Survey, LeaseError> {
+        Ok(Survey {
+            leases: self.list(subscription, stream).await?,
+            heartbeats: self
+                .heartbeats
+                .survey(subscription, stream)
+                .await?
+                .heartbeats,
+        })
+    }
+
+    async fn heartbeat(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+        owner: &OwnerId,
+        load: &Load,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.heartbeats
+            .heartbeat(subscription, stream, owner, load)
+            .await
+    }
+
+    async fn retire_heartbeat(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+        owner: &OwnerId,
+        counter: u64,
+    ) -> Result<(), LeaseError> {
+        self.heartbeats
+            .retire_heartbeat(subscription, stream, owner, counter)
+            .await
+    }
+
     async fn list(
         &self,
         subscription: &SubscriptionName,

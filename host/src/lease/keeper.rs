@@ -17,23 +17,27 @@
 //!   lease taken is assigned to a reader ([`Assignment::Read`]) after the
 //!   lease's checkpoint, or, for a child of a split or merge, at the
 //!   child's beginning.
-//! - every `renew_every`: renew each held lease (unless a checkpoint write
-//!   landed since, which moved its counter just as well). A lease found
-//!   taken by another owner, or not renewed for a whole lease duration
-//!   (transient store errors are retried until then), is lost: its reader
-//!   is told to stop ([`Assignment::Stop`]) and its validity deadline is
-//!   dropped, and nothing more is checkpointed for it. Any
-//!   landed write (renewal or checkpoint) that reports a hand-over request
-//!   starts a graceful hand-over.
+//! - every `renew_every`: write this instance's heartbeat (see
+//!   "Heartbeats" in [`super`]), which moves the validity deadline of every
+//!   held lease at once; a lease whose deadline passed before the heartbeat
+//!   landed is verified by a renewal of its own. Heartbeats that keep
+//!   failing past the deadline lose every lease, together. While an
+//!   instance of an earlier version is live, every held lease is renewed
+//!   on this timer too. A lease found taken by another owner (at a sync, or
+//!   by a refused write) is lost: its reader is told to stop
+//!   ([`Assignment::Stop`]) and its validity deadline is dropped, and
+//!   nothing more is checkpointed for it. A hand-over request, seen at a
+//!   sync or on any landed write of the lease, starts a graceful hand-over.
 //!
 //! # Validity: a reader never hands out records on a lapsed lease
-//! Another instance takes a lease only after watching its counter stand
-//! still for a lease duration, starting no earlier than our last write of
-//! it. So the lease is surely ours until (the moment we *started* our last
-//! successful acquire or renewal) + `lease_duration`. The keeper publishes
+//! Another instance takes a lease only after watching both its counter and
+//! our heartbeat stand still for a lease duration, starting no earlier than
+//! our last write of each. So the lease is surely ours until (the moment we
+//! *sent* the later of our last landed heartbeat and our last landed write
+//! of the lease) + `lease_duration`. The keeper publishes
 //! that deadline to the shard's reader on a `watch` channel, and the reader
 //! sends nothing into the channel, and opens no iterator, past it: it waits
-//! for the next renewal (which moves the deadline) or for the keeper to
+//! for the next heartbeat (which moves the deadline) or for the keeper to
 //! find the lease lost (which stops it). This is what fences an instance
 //! that was paused (SIGSTOP, a long GC-like stall, a VM freeze): when it
 //! resumes, its readers' clocks say the deadline has passed, so they wait
@@ -74,7 +78,7 @@
 //! request) runs in a task of the keeper's own [`JoinSet`], bounded by a
 //! lease duration, and reports back as an [`Io`] message; the keeper's
 //! loop only decides. So a slow store (or a slow network to it) delays
-//! nothing else: renewals go out on their timer while a sync or a
+//! nothing else: heartbeats go out on their timer while a sync or a
 //! checkpoint retry is still under way, and the shards renew concurrently,
 //! not one after another.
 //!
@@ -89,7 +93,7 @@
 //! is ignored.
 //!
 //! # Taking back what was lost
-//! A lease lost because its renewals failed for a lease duration (the
+//! A lease lost because no heartbeat landed for a lease duration (the
 //! store unreachable, a slow network) still names this instance if nobody
 //! else took it; the planner takes it back, after its checkpoint, once its
 //! counter has stood still for a lease duration (see [`super::planner`]). After each sync the
@@ -119,6 +123,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+mod beat;
 mod calls;
 mod sync;
 #[cfg(test)]
@@ -302,6 +307,17 @@ pub(crate) struct Keeper {
     handed_over: HashMap<ShardId, Instant>,
     /// The subscription's per-key state, committed with each checkpoint.
     state: Option<Arc<dyn CheckpointState>>,
+    /// This instance's heartbeat.
+    beat: beat::Beat,
+    /// What it reads, published with the heartbeat.
+    load: beat::LoadMeter,
+    /// A live owner has no heartbeat (an earlier version): every held
+    /// lease is renewed on the timer too, as earlier versions expect.
+    legacy: bool,
+    /// A sync before the timer's: someone asked us for a lease (we learnt
+    /// it at a heartbeat), or we asked someone and the lease will soon be
+    /// free for us.
+    resync_at: Option<Instant>,
 }
 
 impl Keeper {
@@ -344,7 +360,6 @@ impl Keeper {
             throttle_log: LogGate::every(crate::throttle::LOG_INTERVAL),
             failure_log: HashMap::new(),
             subscription,
-            lease,
             owner,
             store,
             shards,
@@ -357,6 +372,11 @@ impl Keeper {
             stopping: false,
             outbox: VecDeque::new(),
             state: None,
+            beat: beat::Beat::new(lease.renew_every),
+            load: beat::LoadMeter::default(),
+            legacy: false,
+            resync_at: None,
+            lease,
         }
     }
 
@@ -382,12 +402,20 @@ impl Keeper {
             timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
         renew.reset(); // the first renewal is one interval after taking.
+        // Heartbeat first, so the others count this instance at their next
+        // sync, whether it takes a lease or not.
+        self.beat();
         loop {
             let retry = self.next_retry();
+            let resync = self.resync_at;
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = sync.tick() => self.sync(),
-                _ = renew.tick() => self.renew_all(),
+                () = sleep_until_some(resync) => {
+                    self.resync_at = None;
+                    self.sync();
+                }
+                _ = renew.tick() => self.on_renew_tick(),
                 Some(request) = checkpoints.recv() => self.on_request(request),
                 Some(io) = self.io.join_next() => self.on_io(io),
                 () = sleep_until_some(retry) => self.retry_due(),
@@ -430,7 +458,7 @@ impl Keeper {
                 Some(io) = self.io.join_next() => self.on_io(io),
                 () = sleep_until_some(retry) => self.retry_due(),
                 _ = renew.tick() => if requests_open {
-                    self.renew_all();
+                    self.on_renew_tick();
                 } else {
                     self.retry_pending();
                 },
@@ -439,6 +467,10 @@ impl Keeper {
         for (shard, holding) in std::mem::take(&mut self.held) {
             self.release(&shard, holding.lease);
         }
+        while let Some(io) = self.io.join_next().await {
+            self.on_io(io);
+        }
+        self.retire();
         while let Some(io) = self.io.join_next().await {
             self.on_io(io);
         }
@@ -453,7 +485,20 @@ impl Keeper {
             }
         };
         match io {
-            Io::Listed { shards, leases } => self.on_listed(shards, leases),
+            Io::Listed {
+                shards,
+                survey,
+                sent_at,
+            } => self.on_listed(shards, survey, sent_at),
+            Io::Beat { sent_at, result } => self.on_beat(sent_at, result),
+            Io::Retired { owner, result } => match result {
+                Ok(()) => {
+                    tracing::debug!(subscription = %self.subscription.name, owner = %owner, "heartbeat retired")
+                }
+                Err(e) => {
+                    tracing::debug!(subscription = %self.subscription.name, owner = %owner, error = %e, "heartbeat not retired")
+                }
+            },
             Io::Acquired {
                 shard,
                 seen,
@@ -492,6 +537,7 @@ impl Keeper {
                 Ok(()) => tracing::info!(
                     subscription = %self.subscription.name, shard_id = %lease.key.shard,
                     from = lease.owner.as_ref().map(OwnerId::as_str), fair_share, live,
+                    held = self.held.len(),
                     "asked for a lease hand-over"
                 ),
                 Err(e) => {
@@ -541,12 +587,20 @@ impl Keeper {
 
     /// When the earliest lease write waiting out its backoff is due.
     fn next_retry(&self) -> Option<Instant> {
-        self.held.values().filter_map(|h| h.retry_at).min()
+        self.held
+            .values()
+            .filter_map(|h| h.retry_at)
+            .chain(self.beat.retry_at)
+            .min()
     }
 
     /// Starts the writes whose backoff has passed.
     fn retry_due(&mut self) {
         let now = Instant::now();
+        if self.beat.retry_at.is_some_and(|at| at <= now) {
+            self.beat.retry_at = None;
+            self.beat();
+        }
         let due: Vec<ShardId> = self
             .held
             .iter()

@@ -9,7 +9,9 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, StateWrite, rules};
+use super::{
+    Heartbeat, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, Load, StateWrite, Survey, rules,
+};
 use crate::ids::{OwnerId, PartitionKey, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
 
@@ -25,6 +27,7 @@ pub(crate) struct MemoryLeaseStore {
 struct Inner {
     leases: BTreeMap<LeaseKey, Lease>,
     state: BTreeMap<(SubscriptionName, PartitionKey), Vec<u8>>,
+    heartbeats: BTreeMap<(SubscriptionName, StreamName, OwnerId), Heartbeat>,
 }
 
 impl MemoryLeaseStore {
@@ -60,18 +63,60 @@ impl MemoryLeaseStore {
 
 #[async_trait]
 impl LeaseStore for MemoryLeaseStore {
-    async fn list(
+    async fn survey(
         &self,
         subscription: &SubscriptionName,
         stream: &StreamName,
-    ) -> Result<Vec<Lease>, LeaseError> {
-        Ok(self.with(|leases| {
-            leases
+    ) -> Result<Survey, LeaseError> {
+        Ok(self.with_all(|inner| Survey {
+            leases: inner
+                .leases
                 .values()
                 .filter(|l| &l.key.subscription == subscription && &l.key.stream == stream)
                 .cloned()
-                .collect()
+                .collect(),
+            heartbeats: inner
+                .heartbeats
+                .iter()
+                .filter(|((sub, st, _), _)| sub == subscription && st == stream)
+                .map(|(_, h)| h.clone())
+                .collect(),
         }))
+    }
+
+    async fn heartbeat(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+        owner: &OwnerId,
+        load: &Load,
+    ) -> Result<Heartbeat, LeaseError> {
+        Ok(self.with_all(|inner| {
+            let key = (subscription.clone(), stream.clone(), owner.clone());
+            let beat = rules::heartbeat(inner.heartbeats.get(&key).cloned(), owner, load);
+            inner.heartbeats.insert(key, beat.clone());
+            beat
+        }))
+    }
+
+    async fn retire_heartbeat(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+        owner: &OwnerId,
+        counter: u64,
+    ) -> Result<(), LeaseError> {
+        self.with_all(|inner| {
+            let key = (subscription.clone(), stream.clone(), owner.clone());
+            if inner
+                .heartbeats
+                .get(&key)
+                .is_some_and(|h| h.counter == counter)
+            {
+                inner.heartbeats.remove(&key);
+            }
+        });
+        Ok(())
     }
 
     async fn read(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
@@ -136,9 +181,19 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn request_handoff(&self, seen: &Lease, to: &OwnerId) -> Result<(), LeaseError> {
-        self.with(|leases| {
-            let lease = rules::request_handoff(leases.get(&seen.key).cloned(), seen, to)?;
-            leases.insert(seen.key.clone(), lease);
+        self.with_all(|inner| {
+            let lease = rules::request_handoff(inner.leases.get(&seen.key).cloned(), seen, to)?;
+            inner.leases.insert(seen.key.clone(), lease);
+            if let Some(owner) = &seen.owner {
+                let key = (
+                    seen.key.subscription.clone(),
+                    seen.key.stream.clone(),
+                    owner.clone(),
+                );
+                if let Some(beat) = inner.heartbeats.get_mut(&key) {
+                    beat.asks += 1;
+                }
+            }
             Ok(())
         })
     }

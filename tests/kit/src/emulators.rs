@@ -169,7 +169,7 @@ impl Kinesis {
                 .env("DELETE_STREAM_DURATION", "100ms")
                 .env("SPLIT_SHARD_DURATION", "100ms")
                 .env("MERGE_SHARDS_DURATION", "100ms")
-                .env("SHARD_LIMIT", "200");
+                .env("SHARD_LIMIT", "1100");
             Ok(command)
         };
         let probe = |endpoint: &str| {

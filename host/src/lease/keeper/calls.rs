@@ -9,14 +9,26 @@ use tokio::time::Instant;
 use crate::backoff::Backoff;
 use crate::ids::{OwnerId, SessionId, ShardId};
 use crate::kinesis::{KinesisError, ShardInfo};
-use crate::lease::{CheckpointRequest, HeldLease, Lease, LeaseError, LeaseStore, StateWrite};
+use crate::lease::{
+    CheckpointRequest, Heartbeat, HeldLease, Lease, LeaseError, LeaseStore, StateWrite, Survey,
+};
 use crate::progress::Checkpoint;
 
 /// A store call's answer, back from its task.
 pub(super) enum Io {
     Listed {
         shards: Result<Vec<ShardInfo>, KinesisError>,
-        leases: Result<Vec<Lease>, LeaseError>,
+        survey: Result<Survey, LeaseError>,
+        /// When the listing was sent: the table read is no older.
+        sent_at: Instant,
+    },
+    Beat {
+        sent_at: Instant,
+        result: Result<Heartbeat, LeaseError>,
+    },
+    Retired {
+        owner: OwnerId,
+        result: Result<(), LeaseError>,
     },
     Acquired {
         shard: ShardId,

@@ -12,7 +12,8 @@ use super::{Assignment, Holding, Keeper, SyncRound};
 use crate::config::StartPosition;
 use crate::ids::{OwnerId, SessionId, ShardId};
 use crate::kinesis::{HashKeyRange, KinesisError, ReadFrom, ShardInfo};
-use crate::lease::{HeldLease, Lease, LeaseError};
+use crate::lease::planner::Inputs;
+use crate::lease::{Heartbeat, HeldLease, Lease, LeaseError, Survey};
 use crate::progress::Checkpoint;
 
 impl Keeper {
@@ -29,7 +30,8 @@ impl Keeper {
         let sub = self.subscription.name.clone();
         let limit = self.lease.lease_duration;
         self.io.spawn(async move {
-            let (shards, leases) = tokio::join!(
+            let sent_at = Instant::now();
+            let (shards, survey) = tokio::join!(
                 async {
                     tokio::time::timeout(limit, shards.list_shards(&stream))
                         .await
@@ -39,16 +41,21 @@ impl Keeper {
                             ))
                         })
                 },
-                bounded(limit, store.list(&sub, &stream)),
+                bounded(limit, store.survey(&sub, &stream)),
             );
-            Io::Listed { shards, leases }
+            Io::Listed {
+                shards,
+                survey,
+                sent_at,
+            }
         });
     }
 
     pub(super) fn on_listed(
         &mut self,
         shards: Result<Vec<ShardInfo>, KinesisError>,
-        leases: Result<Vec<Lease>, LeaseError>,
+        survey: Result<Survey, LeaseError>,
+        sent_at: Instant,
     ) {
         self.listing = false;
         // Stopping: take nothing, ask nobody.
@@ -62,31 +69,75 @@ impl Keeper {
                 return;
             }
         };
-        let leases: HashMap<ShardId, Lease> = match leases {
-            Ok(leases) => leases
-                .into_iter()
-                .map(|l| (l.key.shard.clone(), l))
-                .collect(),
+        let (leases, heartbeats): (HashMap<ShardId, Lease>, Vec<Heartbeat>) = match survey {
+            Ok(survey) => (
+                survey
+                    .leases
+                    .into_iter()
+                    .map(|l| (l.key.shard.clone(), l))
+                    .collect(),
+                survey.heartbeats,
+            ),
             Err(e) => {
-                self.note_store_error(None, &e);
-                tracing::warn!(subscription = %self.subscription.name, error = %e, "cannot read leases; will retry");
+                self.warn_failed("listing", None, &e, "cannot read leases; will retry");
                 return;
             }
         };
+        self.check_held(&leases);
         for (shard, lease) in &leases {
             if !self.held.contains_key(shard) {
                 self.status
                     .held_elsewhere(shard, lease.owner.as_ref(), lease.checkpoint.as_ref());
             }
         }
-        let round = self.plan(shards, &leases);
+        let round = self.plan(shards, &leases, &heartbeats, sent_at);
         self.round = Some(round);
         self.finish_round_if_done();
     }
 
-    /// Plans this sync's takes and hand-over request against `leases` and
-    /// starts them; the round ends when every take has answered.
-    fn plan(&mut self, shards: Vec<ShardInfo>, leases: &HashMap<ShardId, Lease>) -> SyncRound {
+    /// What the table says of the leases held here. With no renewals, a
+    /// sync is where the owner learns of a hand-over request, and of a lease
+    /// another instance took (one whose counter moved past ours under
+    /// another owner: a table read before our own latest write shows a
+    /// lower counter, and is no news).
+    fn check_held(&mut self, leases: &HashMap<ShardId, Lease>) {
+        let mut taken = Vec::new();
+        let mut asked = Vec::new();
+        for (shard, holding) in &self.held {
+            let Some(lease) = leases.get(shard) else {
+                continue;
+            };
+            if lease.owner.as_ref() != Some(&self.owner) {
+                if lease.counter > holding.lease.counter {
+                    taken.push(shard.clone());
+                }
+            } else if let Some(to) = &lease.handoff
+                && holding.releasing.is_none()
+            {
+                asked.push((shard.clone(), to.clone()));
+            }
+        }
+        for shard in taken {
+            self.lose(&shard, "taken by another instance");
+        }
+        for (shard, to) in asked {
+            if let Some(holding) = self.held.get_mut(&shard) {
+                holding.lease.handoff = Some(to.clone());
+            }
+            self.hand_over(&shard, &to);
+        }
+    }
+
+    /// Plans this sync's takes and hand-over requests against the table
+    /// (read no earlier than `read_at`) and starts them; the round ends
+    /// when every take has answered.
+    fn plan(
+        &mut self,
+        shards: Vec<ShardInfo>,
+        leases: &HashMap<ShardId, Lease>,
+        heartbeats: &[Heartbeat],
+        read_at: Instant,
+    ) -> SyncRound {
         let (mut keeping, mut releasing) = (HashSet::new(), HashSet::new());
         for (shard, holding) in &self.held {
             match holding.releasing {
@@ -94,15 +145,31 @@ impl Keeper {
                 Some(_) => releasing.insert(shard.clone()),
             };
         }
-        let plan = self.planner.plan(
-            &self.owner,
-            &keeping,
-            &releasing,
-            &shards,
+        let load = self.load.load();
+        let plan = self.planner.plan(&Inputs {
+            me: &self.owner,
+            held: &keeping,
+            releasing: &releasing,
+            shards: &shards,
             leases,
-            self.lease.lease_duration,
-            Instant::now(),
-        );
+            heartbeats,
+            load: &load,
+            lease_duration: self.lease.lease_duration,
+            max_leases: self.lease.max_leases_per_instance,
+            observed_at: Instant::now(),
+            read_at,
+        });
+        if plan.legacy != self.legacy {
+            tracing::info!(subscription = %self.subscription.name, legacy = plan.legacy, "{}", if plan.legacy {
+                "an instance without heartbeats (an earlier version) holds leases: renewing every lease too, as it expects"
+            } else {
+                "every instance heartbeats: leases are no longer renewed one by one"
+            });
+            self.legacy = plan.legacy;
+        }
+        for beat in plan.retire {
+            self.retire_other(beat);
+        }
         let cooldown = self.lease.lease_duration;
         self.handed_over.retain(|_, at| at.elapsed() < cooldown);
         let mut round = SyncRound {
@@ -127,7 +194,12 @@ impl Keeper {
             round.acquiring.insert(shard.clone());
             self.acquire(shard, seen);
         }
-        if let Some(lease) = plan.ask {
+        if !plan.ask.is_empty() {
+            // The owners hear of it at their next heartbeat and release
+            // once drained: look again soon rather than a sync later.
+            self.resync_at = Some(Instant::now() + 2 * self.lease.renew_every);
+        }
+        for lease in plan.ask {
             self.ask(lease, plan.fair_share, plan.live);
         }
         round
@@ -146,6 +218,27 @@ impl Keeper {
                 shard,
                 seen,
                 sent_at,
+                result,
+            }
+        });
+    }
+
+    /// Deletes the heartbeat of an instance long gone (in a task).
+    fn retire_other(&mut self, beat: Heartbeat) {
+        let store = self.store.clone();
+        let (sub, stream) = (
+            self.subscription.name.clone(),
+            self.subscription.stream.clone(),
+        );
+        let limit = self.lease.lease_duration;
+        self.io.spawn(async move {
+            let result = bounded(
+                limit,
+                store.retire_heartbeat(&sub, &stream, &beat.owner, beat.counter),
+            )
+            .await;
+            Io::Retired {
+                owner: beat.owner,
                 result,
             }
         });

@@ -22,7 +22,9 @@ use crate::ids::{
 use crate::kinesis::{KinesisError, ReadFrom, ShardInfo};
 use crate::lease::StateWrite;
 use crate::lease::memory::MemoryLeaseStore;
-use crate::lease::{CheckpointRequest, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore};
+use crate::lease::{
+    CheckpointRequest, Heartbeat, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, Load, Survey,
+};
 use crate::progress::Checkpoint;
 use crate::telemetry::Telemetry;
 
@@ -67,16 +69,52 @@ struct Store {
     failing_checkpoints: AtomicUsize,
     /// Renewals still to fail at once (the store refusing them).
     failing_renewals: AtomicUsize,
+    /// Heartbeats written (or tried).
+    heartbeats: AtomicUsize,
+    /// Heartbeats fail while set.
+    failing_heartbeats: std::sync::atomic::AtomicBool,
+    /// Each heartbeat takes this long to land.
+    beat_delay: Mutex<Duration>,
 }
 
 #[async_trait]
 impl LeaseStore for Store {
-    async fn list(
+    async fn survey(
         &self,
         subscription: &SubscriptionName,
         stream: &StreamName,
-    ) -> Result<Vec<Lease>, LeaseError> {
-        self.inner.list(subscription, stream).await
+    ) -> Result<Survey, LeaseError> {
+        self.inner.survey(subscription, stream).await
+    }
+
+    async fn heartbeat(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+        owner: &OwnerId,
+        load: &Load,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.heartbeats.fetch_add(1, Ordering::SeqCst);
+        let delay = *self.beat_delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
+        if self.failing_heartbeats.load(Ordering::SeqCst) {
+            return Err(LeaseError::Store("scripted outage".into()));
+        }
+        self.inner
+            .heartbeat(subscription, stream, owner, load)
+            .await
+    }
+
+    async fn retire_heartbeat(
+        &self,
+        subscription: &SubscriptionName,
+        stream: &StreamName,
+        owner: &OwnerId,
+        counter: u64,
+    ) -> Result<(), LeaseError> {
+        self.inner
+            .retire_heartbeat(subscription, stream, owner, counter)
+            .await
     }
 
     async fn read(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
@@ -313,46 +351,143 @@ async fn takes_every_free_shard_and_assigns_it_from_its_checkpoint() {
     }
 }
 
-/// Catches: renewals that do not happen on their timer (the lease lapses
-/// and another instance takes it), or a validity deadline that is not
-/// moved by them (the reader stalls after one lease duration).
+/// Catches: heartbeats that do not happen on their timer (every lease
+/// lapses and another instance takes them), a validity deadline they do
+/// not move (the readers stall after one lease duration), or leases still
+/// written one by one while nothing changes (a write per shard per
+/// renewal, the cost heartbeats remove).
 #[tokio::test(start_paused = true)]
-async fn renews_on_its_timer_and_moves_the_validity_deadline() {
-    let mut rig = start(Arc::new(Store::default()), vec![shard("s0", None, false)]);
-    let (_, _, _, mut valid_until) = read_of(rig.next(Duration::from_secs(1)).await);
-    let first = *valid_until.borrow_and_update();
-    let taken = rig.lease("s0").await.counter;
+async fn heartbeats_move_every_lease_and_write_none_of_them() {
+    let mut rig = start(
+        Arc::new(Store::default()),
+        vec![shard("s0", None, false), shard("s1", None, false)],
+    );
+    let mut valid = Vec::new();
+    for _ in 0..2 {
+        let (_, _, _, v) = read_of(rig.next(Duration::from_secs(1)).await);
+        valid.push(v);
+    }
+    let first: Vec<Instant> = valid.iter_mut().map(|v| *v.borrow_and_update()).collect();
+    let counters = (rig.lease("s0").await.counter, rig.lease("s1").await.counter);
+    let beats = rig.store.heartbeats.load(Ordering::SeqCst);
     tokio::time::sleep(RENEW * 3 + Duration::from_millis(100)).await;
-    assert_eq!(rig.store.renewals_of("s0"), 3);
-    assert_eq!(rig.lease("s0").await.counter, taken + 3);
-    let now = *valid_until.borrow_and_update();
-    assert!(now >= first + RENEW * 3, "{:?}", now - first);
+    assert_eq!(rig.store.heartbeats.load(Ordering::SeqCst) - beats, 3);
+    assert_eq!(rig.store.renewals_of("s0") + rig.store.renewals_of("s1"), 0);
+    assert_eq!(
+        (rig.lease("s0").await.counter, rig.lease("s1").await.counter),
+        counters,
+        "no lease written"
+    );
+    for (v, first) in valid.iter_mut().zip(first) {
+        let now = *v.borrow_and_update();
+        assert!(now >= first + RENEW * 3, "{:?}", now - first);
+    }
+}
+
+/// Catches: a heartbeat retried at once in a loop when the store fails,
+/// or leases kept past their validity while no heartbeat lands.
+#[tokio::test(start_paused = true)]
+async fn failed_heartbeats_back_off_and_every_lease_is_lost_at_once() {
+    let store = Arc::new(Store::default());
+    let mut rig = start(
+        store.clone(),
+        vec![shard("s0", None, false), shard("s1", None, false)],
+    );
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let (shard, session, _, _) = read_of(rig.next(Duration::from_secs(1)).await);
+        sessions.push((shard, session));
+    }
+    store.failing_heartbeats.store(true, Ordering::SeqCst);
+    let beats = store.heartbeats.load(Ordering::SeqCst);
+    // Every heartbeat fails from 3 s on: tried again after 0.1–0.2,
+    // 0.2–0.4, 0.4–0.8, 0.8–1.6, 1.5–3 s…, never at once.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let tries = store.heartbeats.load(Ordering::SeqCst) - beats;
+    assert!(
+        (3..=7).contains(&tries),
+        "{tries} heartbeats in 3 s of failures"
+    );
+    // The last one landed at 0: past 10 s (at the first heartbeat that
+    // fails after it, within `renew_every`), both leases go, together.
+    let mut stopped = Vec::new();
+    for _ in 0..2 {
+        match rig.next(Duration::from_secs(8)).await {
+            Some(Assignment::Stop { shard, why, .. }) => {
+                assert_eq!(why, StopReason::Lost);
+                stopped.push(shard);
+            }
+            other => panic!("expected a stop, got {other:?}"),
+        }
+    }
+    stopped.sort();
+    assert_eq!(stopped, vec![ShardId::from("s0"), ShardId::from("s1")]);
+    assert_eq!(store.renewals_of("s0") + store.renewals_of("s1"), 0);
+}
+
+/// Catches: an instance that resumes after a pause longer than a lease
+/// duration and goes on with leases taken meanwhile — the heartbeat that
+/// lands after the pause says it is alive, not that its leases are still
+/// its own; and a checkpoint of the paused session written over the new
+/// owner's.
+#[tokio::test(start_paused = true)]
+async fn after_a_pause_lapsed_leases_are_verified_one_by_one() {
+    let store = Arc::new(Store::default());
+    let mut rig = start(
+        store.clone(),
+        vec![shard("s0", None, false), shard("s1", None, false)],
+    );
+    let mut sessions = std::collections::HashMap::new();
+    for _ in 0..2 {
+        let (shard, session, _, _) = read_of(rig.next(Duration::from_secs(1)).await);
+        sessions.insert(shard, session);
+    }
+    // From the tick at 3 s, the heartbeat takes 9.5 s to land (a stalled
+    // process, a frozen VM): our leases lapse at 10 s.
+    *store.beat_delay.lock().unwrap() = Duration::from_millis(9_500);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    // Another instance saw our heartbeat stand still, took s0 and
+    // checkpointed past where we are.
+    let seen = rig.lease("s0").await;
+    let thief = store
+        .acquire(&key("s0"), &OwnerId::from("thief"), Some(&seen))
+        .await
+        .unwrap();
+    store.checkpoint(&thief, &seq(10), &[]).await.unwrap();
+    *store.beat_delay.lock().unwrap() = Duration::ZERO;
+    // Our paused session asks for its checkpoint 5.
+    rig.request("s0", sessions[&ShardId::from("s0")], seq(5), false)
+        .await;
+    // The heartbeat lands at 12.5 s, after the leases lapsed: each is
+    // renewed on its own, conditionally; s0 is found taken.
+    match rig.next(Duration::from_secs(5)).await {
+        Some(Assignment::Stop { shard, why, .. }) => {
+            assert_eq!(shard, ShardId::from("s0"));
+            assert_eq!(why, StopReason::Lost);
+        }
+        other => panic!("expected s0 stopped, got {other:?}"),
+    }
+    // Past the heartbeat's landing at 12.5 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s0 = rig.lease("s0").await;
+    assert_eq!(s0.owner, Some(OwnerId::from("thief")));
+    assert_eq!(
+        s0.checkpoint,
+        Some(seq(10)),
+        "nothing of ours written over it"
+    );
+    assert!(store.renewals_of("s1") >= 1, "s1 verified by a renewal");
+    assert_eq!(
+        rig.lease("s1").await.owner,
+        Some(OwnerId::from(ME)),
+        "and kept"
+    );
 }
 
 /// Catches: a reader that keeps handing out records of a shard another
 /// instance took.
 #[tokio::test(start_paused = true)]
-async fn failed_renewals_are_tried_again_after_a_backoff_not_at_once() {
-    let store = Arc::new(Store::default());
-    store.failing_renewals.store(usize::MAX, Ordering::SeqCst);
-    let mut rig = start(store.clone(), vec![shard("s0", None, false)]);
-    let (_, _, _, valid) = read_of(rig.next(Duration::from_secs(1)).await);
-    // Every renewal refused at once, for 6 s: the first at 3 s, then
-    // after 0.1–0.2, 0.2–0.4, 0.4–0.8, 0.8–1.6 s… — at most 6 by then,
-    // where a retry at once made thousands.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let tries = store.renewals_of("s0");
-    assert!((3..=6).contains(&tries), "{tries} renewals in 3 s of refusals");
-    // The store answers again: the next try lands, and the lease is kept.
-    store.failing_renewals.store(0, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(*valid.borrow() > Instant::now(), "renewed before it lapsed");
-    assert_eq!(rig.lease("s0").await.owner, Some(OwnerId::from(ME)));
-    rig.stop.cancel();
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_lease_taken_by_another_instance_stops_its_reader() {
+async fn a_lease_taken_by_another_instance_stops_its_reader_at_the_next_sync() {
     let mut rig = start(Arc::new(Store::default()), vec![shard("s0", None, false)]);
     let (_, session, _, mut valid_until) = read_of(rig.next(Duration::from_secs(1)).await);
     let seen = rig.lease("s0").await;
@@ -360,7 +495,7 @@ async fn a_lease_taken_by_another_instance_stops_its_reader() {
         .acquire(&key("s0"), &OwnerId::from("thief"), Some(&seen))
         .await
         .unwrap();
-    match rig.next(RENEW * 2).await {
+    match rig.next(SYNC + Duration::from_secs(1)).await {
         Some(Assignment::Stop {
             shard,
             session: stopped,
@@ -372,15 +507,19 @@ async fn a_lease_taken_by_another_instance_stops_its_reader() {
         }
         other => panic!("expected a stop, got {other:?}"),
     }
-    assert!(
-        valid_until.changed().await.is_err(),
-        "the validity channel closes with the lease"
-    );
+    // The validity channel closes with the lease (after any extension
+    // not yet seen).
+    tokio::time::timeout(LEASE, async {
+        while valid_until.changed().await.is_ok() {}
+    })
+    .await
+    .expect("the validity channel closes");
     assert_eq!(rig.lease("s0").await.owner, Some(OwnerId::from("thief")));
 }
 
 /// Catches: a hand-over that releases before the in-flight records settled
-/// (the next owner would read them again), or never releases.
+/// (the next owner would read them again), or never releases, or releases
+/// without leaving the lease to the instance that asked.
 #[tokio::test(start_paused = true)]
 async fn a_hand_over_stops_the_reader_and_releases_after_the_drained_checkpoint() {
     let mut rig = start(Arc::new(Store::default()), vec![shard("s0", None, false)]);
@@ -390,7 +529,7 @@ async fn a_hand_over_stops_the_reader_and_releases_after_the_drained_checkpoint(
         .request_handoff(&seen, &OwnerId::from("asker"))
         .await
         .unwrap();
-    match rig.next(RENEW * 2).await {
+    match rig.next(SYNC + Duration::from_secs(1)).await {
         Some(Assignment::Stop { why, .. }) => assert_eq!(why, StopReason::HandOver),
         other => panic!("expected a stop, got {other:?}"),
     }
@@ -402,12 +541,17 @@ async fn a_hand_over_stops_the_reader_and_releases_after_the_drained_checkpoint(
     let lease = rig.lease("s0").await;
     assert_eq!(lease.owner, None, "released once drained");
     assert_eq!(lease.checkpoint, Some(seq(7)), "after its final checkpoint");
+    assert_eq!(
+        lease.handoff,
+        Some(OwnerId::from("asker")),
+        "reserved for the asker"
+    );
 }
 
-/// Catches: renewals queued behind a slow store call of another shard or
+/// Catches: heartbeats queued behind a slow store call of a shard or
 /// behind a slow shard listing (every lease would lapse together).
 #[tokio::test(start_paused = true)]
-async fn renewals_never_wait_behind_a_slow_checkpoint_or_a_slow_sync() {
+async fn heartbeats_never_wait_behind_a_slow_checkpoint_or_a_slow_sync() {
     let store = Arc::new(Store::default());
     *store.slow_checkpoints.lock().unwrap() = Some((ShardId::from("s0"), Duration::from_secs(60)));
     let mut rig = start(
@@ -415,20 +559,23 @@ async fn renewals_never_wait_behind_a_slow_checkpoint_or_a_slow_sync() {
         vec![shard("s0", None, false), shard("s1", None, false)],
     );
     let mut sessions = std::collections::HashMap::new();
+    let mut valid = std::collections::HashMap::new();
     for _ in 0..2 {
-        let (shard, session, _, _) = read_of(rig.next(Duration::from_secs(1)).await);
-        sessions.insert(shard, session);
+        let (shard, session, _, v) = read_of(rig.next(Duration::from_secs(1)).await);
+        sessions.insert(shard.clone(), session);
+        valid.insert(shard, v);
     }
     *rig.shards.delay.lock().unwrap() = Duration::from_secs(60);
     rig.request("s0", sessions[&ShardId::from("s0")], seq(5), false)
         .await;
-    let before = rig.store.renewals_of("s1");
+    let before = rig.store.heartbeats.load(Ordering::SeqCst);
     tokio::time::sleep(RENEW * 5 + Duration::from_millis(100)).await;
     assert_eq!(
-        rig.store.renewals_of("s1") - before,
+        rig.store.heartbeats.load(Ordering::SeqCst) - before,
         5,
-        "s1 renews on every tick while s0's checkpoint and a sync hang"
+        "a heartbeat on every tick while s0's checkpoint and a sync hang"
     );
+    assert!(*valid[&ShardId::from("s1")].borrow() > Instant::now());
     assert_eq!(rig.lease("s1").await.owner, Some(OwnerId::from(ME)));
 }
 

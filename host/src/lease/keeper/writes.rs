@@ -11,10 +11,18 @@ use crate::lease::{CheckpointRequest, HeldLease, LeaseError};
 use crate::progress::Checkpoint;
 
 impl Keeper {
-    /// A renewal round: every held lease renews at once, each in its own
-    /// task; a lease being given up for longer than `shutdown_timeout` is
-    /// released instead (once the write under way, if any, lands).
-    pub(super) fn renew_all(&mut self) {
+    /// The renewal timer: the heartbeat, and with an earlier version in
+    /// the fleet a renewal of every lease too.
+    pub(super) fn on_renew_tick(&mut self) {
+        self.beat();
+        self.renew_all(self.legacy);
+    }
+
+    /// A renewal round: with `renew`, every held lease renews at once, each
+    /// in its own task; a lease being given up for longer than
+    /// `shutdown_timeout` is released instead (once the write under way,
+    /// if any, lands).
+    pub(super) fn renew_all(&mut self, renew: bool) {
         let shards: Vec<ShardId> = self.held.keys().cloned().collect();
         let now = Instant::now();
         for shard in shards {
@@ -35,8 +43,10 @@ impl Keeper {
                 }
                 continue;
             }
-            holding.renew_due = true;
-            self.next_write(&shard);
+            if renew {
+                holding.renew_due = true;
+                self.next_write(&shard);
+            }
         }
     }
 
@@ -148,18 +158,29 @@ impl Keeper {
             holding.extend(sent_at, duration);
             holding.renew_due = false;
         }
-        if let Some(to) = handoff
-            && holding.releasing.is_none()
-        {
-            tracing::info!(subscription = %self.subscription.name, shard_id = %shard, to = %to, "handing the lease over: reader stopping, in-flight records settling");
-            holding.releasing = Some(Instant::now());
-            let session = holding.session;
-            self.outbox.push_back(Assignment::Stop {
-                shard: shard.clone(),
-                session,
-                why: StopReason::HandOver,
-            });
+        if let Some(to) = handoff {
+            self.hand_over(shard, &to);
         }
+    }
+
+    /// Starts handing `shard` over to `to` (unless it already is being
+    /// given up): its reader stops, and once what is in flight settles the
+    /// final checkpoint is written and the lease released.
+    pub(super) fn hand_over(&mut self, shard: &ShardId, to: &crate::ids::OwnerId) {
+        let Some(holding) = self.held.get_mut(shard) else {
+            return;
+        };
+        if holding.releasing.is_some() {
+            return;
+        }
+        tracing::info!(subscription = %self.subscription.name, shard_id = %shard, to = %to, "handing the lease over: reader stopping, in-flight records settling");
+        holding.releasing = Some(Instant::now());
+        let session = holding.session;
+        self.outbox.push_back(Assignment::Stop {
+            shard: shard.clone(),
+            session,
+            why: StopReason::HandOver,
+        });
     }
 
     /// A write of kind `what` failed for a transient reason: the lease is
@@ -221,7 +242,7 @@ impl Keeper {
     }
 
     /// Stops the shard's reader at once: the lease is no longer ours.
-    fn lose(&mut self, shard: &ShardId, why: &str) {
+    pub(super) fn lose(&mut self, shard: &ShardId, why: &str) {
         if let Some(holding) = self.held.remove(shard) {
             self.close_state(shard, holding.session);
             self.leases_held.set(self.held.len() as u64);
