@@ -69,6 +69,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use aws_sdk_kinesis::types::ShardIteratorType;
 use shardlane_testkit::admin::{http, metric_sum};
+use shardlane_testkit::procfs::{process_cpu, process_rss_kb};
 use shardlane_testkit::{Dynalite, HostProcess, Kinesis, free_port, guests};
 
 const SHARDS: i32 = 8;
@@ -733,33 +734,6 @@ async fn wait_ready(host: &mut HostProcess, admin: &str) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// utime + stime of process `pid`, from `/proc/<pid>/stat`.
-fn process_cpu(pid: u32) -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
-    // The command name may hold spaces: fields count from after its ')'.
-    let after = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .context("a /proc stat line without ')'")?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // Fields 14 and 15 of stat(5); the state (field 3) is fields[0] here.
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Ok(Duration::from_secs_f64(ticks as f64 / per_second as f64))
-}
-
-/// Resident memory of process `pid` in kB (`VmRSS`).
-fn process_rss_kb(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
 }
 
 /// `perf record -g` attached to one host run (`SHARDLANE_BENCH_PERF`).

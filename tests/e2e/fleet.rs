@@ -65,6 +65,16 @@ async fn four_instances_started_at_once_on_32_shards_hold_8_each() {
     }
     stop.store(true, Ordering::SeqCst);
     let put = producer.await.unwrap();
+    let refs = handled_by_all_then_stopped(&mut hosts, &put).await;
+    check_all_handled(&put, &refs);
+}
+
+/// Waits until the hosts between them handled every record of `put`,
+/// then stops each (gracefully); the hosts, for checking.
+async fn handled_by_all_then_stopped<'a>(
+    hosts: &'a mut [HostProcess],
+    put: &[String],
+) -> Vec<&'a HostProcess> {
     let (first, rest) = hosts.split_first_mut().unwrap();
     let others: Vec<&HostProcess> = rest.iter().collect();
     first
@@ -77,11 +87,10 @@ async fn four_instances_started_at_once_on_32_shards_hold_8_each() {
         })
         .await
         .unwrap();
-    for host in &mut hosts {
+    for host in hosts.iter_mut() {
         assert!(host.terminate().await.unwrap().success());
     }
-    let refs: Vec<&HostProcess> = hosts.iter().collect();
-    check_all_handled(&put, &refs);
+    hosts.iter().collect()
 }
 
 /// The heartbeat items: owner → published load.
@@ -234,26 +243,68 @@ shard_sync_every = "2s""#;
 
     stop.store(true, Ordering::SeqCst);
     let put = producer.await.unwrap();
-    let (first, rest) = hosts.split_first_mut().unwrap();
-    let others: Vec<&HostProcess> = rest.iter().collect();
-    first
-        .wait_for("everything handled", Duration::from_secs(60), |lines| {
-            let mut seen: HashSet<String> = handled(lines).into_iter().map(|(d, _, _)| d).collect();
-            for h in &others {
-                seen.extend(handled(&h.lines()).into_iter().map(|(d, _, _)| d));
-            }
-            put.iter().all(|d| seen.contains(d))
-        })
-        .await
-        .unwrap();
-    for host in &mut hosts {
-        assert!(host.terminate().await.unwrap().success());
-    }
-    let refs: Vec<&HostProcess> = hosts.iter().collect();
+    let refs = handled_by_all_then_stopped(&mut hosts, &put).await;
     let duplicates = check_all_handled(&put, &refs);
     eprintln!(
         "hot shards: {} records put, {duplicates} handled twice",
         put.len()
     );
     assert_eq!(duplicates, 0, "graceful hand-overs handle nothing twice");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_on_128_shards_reads_every_shard_and_handles_every_record() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dynalite = Dynalite::start().await.unwrap();
+    let stream = unique_name("many");
+    let table = unique_name("leases");
+    kinesis.create_stream(&stream, 128).await.unwrap();
+    // Records until every shard has some (Kinesis hashes keys with MD5).
+    let mut put = Vec::new();
+    let mut shards = HashSet::new();
+    for round in 0..8 {
+        let records: Vec<(String, Vec<u8>)> = (0..500)
+            .map(|i| {
+                let data = format!("many-{round}-{i}");
+                (data.clone(), data.into_bytes())
+            })
+            .collect();
+        for ((data, _), (shard, _)) in records
+            .iter()
+            .zip(kinesis.put_records(&stream, &records).await.unwrap())
+        {
+            put.push(data.clone());
+            shards.insert(shard);
+        }
+        if shards.len() == 128 {
+            break;
+        }
+    }
+    assert_eq!(shards.len(), 128, "records on every shard");
+    let mut host = HostProcess::start_with(
+        shardlane_bin(),
+        &dynamodb_config("many", &table, &stream, &guests.retry, "", ""),
+        &env(&kinesis, &dynalite),
+    )
+    .unwrap();
+    let started = Instant::now();
+    host.wait_for("every record handled", Duration::from_secs(180), |lines| {
+        let seen: HashSet<String> = handled(lines).into_iter().map(|(d, _, _)| d).collect();
+        put.iter().all(|d| seen.contains(d))
+    })
+    .await
+    .unwrap();
+    let read: HashSet<String> = handled(&host.lines())
+        .into_iter()
+        .map(|(_, shard, _)| shard)
+        .collect();
+    assert_eq!(read.len(), 128, "every shard read");
+    eprintln!(
+        "128 shards: {} records handled {:?} after start",
+        put.len(),
+        started.elapsed()
+    );
+    assert!(host.terminate().await.unwrap().success());
+    assert_eq!(check_all_handled(&put, &[&host]), 0, "nothing twice");
 }

@@ -269,6 +269,22 @@ fn engine_pool_size() {
 }
 
 #[test]
+fn max_leases_per_instance() {
+    assert_eq!(parse(MINIMAL).unwrap().lease.max_leases_per_instance, None);
+    let with = |n: &str| {
+        parse(&format!(
+            "[lease]\nmax_leases_per_instance = {n}\n{MINIMAL}"
+        ))
+    };
+    assert_eq!(with("64").unwrap().lease.max_leases_per_instance, Some(64));
+    for bad in ["0", "-1"] {
+        let err = with(bad).unwrap_err();
+        assert!(err.contains("lease.max_leases_per_instance"), "{err}");
+        assert!(err.contains("out of range"), "{err}");
+    }
+}
+
+#[test]
 fn failure_policy_and_sandbox() {
     let sub = |extra: &str| parse(&format!("{MINIMAL}{extra}")).map(|c| c.subscriptions[0].clone());
     let d = sub("").unwrap();

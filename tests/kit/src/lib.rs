@@ -23,6 +23,7 @@ mod emulators;
 pub mod http_server;
 pub mod kpl;
 pub mod otlp;
+pub mod procfs;
 pub mod proxy;
 pub mod recorder;
 

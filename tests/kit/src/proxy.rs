@@ -73,6 +73,7 @@ pub struct FaultProxy {
     injected: Arc<AtomicU64>,
     forwarded: Arc<AtomicU64>,
     reset: Arc<AtomicU64>,
+    by_operation: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -101,10 +102,12 @@ impl FaultProxy {
         let injected = Arc::new(AtomicU64::new(0));
         let forwarded = Arc::new(AtomicU64::new(0));
         let reset = Arc::new(AtomicU64::new(0));
+        let by_operation = Arc::default();
         let counters = Counters {
             injected: injected.clone(),
             forwarded: forwarded.clone(),
             reset: reset.clone(),
+            by_operation: Arc::clone(&by_operation),
         };
         let task = tokio::spawn(serve(Some(listener), addr, upstream, rx, counters));
         Ok(Self {
@@ -113,6 +116,7 @@ impl FaultProxy {
             injected,
             forwarded,
             reset,
+            by_operation,
             task,
         })
     }
@@ -140,6 +144,15 @@ impl FaultProxy {
     /// Requests forwarded to the upstream so far.
     pub fn forwarded(&self) -> u64 {
         self.forwarded.load(Ordering::Relaxed)
+    }
+
+    /// Requests forwarded so far per operation (the `X-Amz-Target` after
+    /// its last `.`, e.g. `UpdateItem`): what a benchmark counts.
+    pub fn forwarded_by_operation(&self) -> std::collections::BTreeMap<String, u64> {
+        self.by_operation
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Connections reset (under [`Faults::reset`]) so far: each one a
@@ -171,6 +184,7 @@ struct Counters {
     injected: Arc<AtomicU64>,
     forwarded: Arc<AtomicU64>,
     reset: Arc<AtomicU64>,
+    by_operation: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
 }
 
 async fn serve(
@@ -222,6 +236,7 @@ async fn handle(
         injected,
         forwarded,
         reset,
+        by_operation,
     } = counters;
     if faults.reset {
         reset.fetch_add(1, Ordering::Relaxed);
@@ -256,6 +271,12 @@ async fn handle(
     }
     let mut server = TcpStream::connect(upstream).await?;
     forwarded.fetch_add(1, Ordering::Relaxed);
+    let operation = target.rsplit('.').next().unwrap_or_default().to_owned();
+    *by_operation
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(operation)
+        .or_default() += 1;
     server.write_all(&close_after(&head)).await?;
     server.write_all(&body).await?;
     match faults.cut_after {
