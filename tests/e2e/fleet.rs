@@ -118,6 +118,17 @@ async fn heartbeats(dynalite: &Dynalite, table: &str) -> BTreeMap<String, String
         .collect()
 }
 
+/// Each instance's published records a second.
+fn totals(beats: &BTreeMap<String, String>) -> BTreeMap<String, f64> {
+    beats
+        .iter()
+        .map(|(owner, load)| {
+            let load: serde_json::Value = serde_json::from_str(load).unwrap_or_default();
+            (owner.clone(), load["total"].as_f64().unwrap_or(0.0))
+        })
+        .collect()
+}
+
 /// Hot shards held per instance.
 fn spread_of(
     table: &BTreeMap<String, (Option<String>, u64, Option<String>)>,
@@ -219,7 +230,10 @@ shard_sync_every = "2s""#;
     hosts.push(start("c"));
     wait_counts(&dynalite, &table, &[10, 11, 11], Duration::from_secs(90)).await;
     let balanced = spread_of(&lease_table(&dynalite, &table).await, &hot);
-    eprintln!("counts even, hot shards per instance: {balanced:?}");
+    eprintln!(
+        "counts even, hot shards per instance: {balanced:?}; records/s per instance: {:?}",
+        totals(&heartbeats(&dynalite, &table).await)
+    );
 
     // Spread: every instance holds one or two of the four hot shards (three
     // instances can do no better).
@@ -228,7 +242,13 @@ shard_sync_every = "2s""#;
     loop {
         let per = spread_of(&lease_table(&dynalite, &table).await, &hot);
         if per.values().all(|n| (1..=2).contains(n)) {
-            eprintln!("hot shards spread {per:?} after {:?}", started.elapsed());
+            // The loads published 20 s later (smoothed over 15 s).
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            eprintln!(
+                "hot shards spread {per:?} after {:?}; records/s per instance 20 s later: {:?}",
+                started.elapsed(),
+                totals(&heartbeats(&dynalite, &table).await)
+            );
             break;
         }
         if Instant::now() >= deadline {
