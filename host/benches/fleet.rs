@@ -358,7 +358,9 @@ async fn one_host(bin: &Path, plugin: &Path, shards: i32) -> anyhow::Result<(f64
     )?;
     let admin = loop {
         let addr = host.lines().iter().find_map(|l| {
-            l["message"].as_str()?.starts_with("admin listening")
+            l["message"]
+                .as_str()?
+                .starts_with("admin listening")
                 .then(|| l["addr"].as_str().map(str::to_owned))?
         });
         if let Some(addr) = addr {

@@ -57,13 +57,19 @@
 //! whose counter moved past ours under another owner is lost.
 //!
 //! **Mixed versions.** An instance of an earlier version judges leases by
-//! their counters alone. While any live owner has no heartbeat, every
-//! instance of this version also renews each lease it holds on the timer,
-//! as earlier versions did, so a rolling upgrade takes nothing from anyone;
-//! once the last earlier instance is gone, the renewals stop by themselves.
-//! Tables need no upgrade: heartbeats are added as instances start, and
-//! earlier versions ignore them. Leases imported from KCL (`import-kcl`)
-//! are free leases with checkpoints, as before.
+//! their counters alone. While any owner without a heartbeat holds a live
+//! lease, every instance of this version also renews each lease it holds
+//! on the timer, as earlier versions did, so a rolling upgrade that
+//! replaces earlier instances one by one takes nothing from anyone; once
+//! the last earlier instance is gone, the renewals stop by themselves. An
+//! earlier instance that *starts* (or holds nothing) while this version
+//! runs without renewals cannot be seen, and would take idle leases of
+//! this version after a lease duration (both would read the shard until
+//! the holder's next sync; checkpoints stay fenced): roll back by stopping
+//! this version's instances first (a `Recreate` rollout), never one by
+//! one. Tables need no upgrade: heartbeats are added as instances start,
+//! and earlier versions ignore them. Leases imported from KCL
+//! (`import-kcl`) are free leases with checkpoints, as before.
 //!
 //! **Two processes with the same `owner_id`** (a misconfiguration) share
 //! one heartbeat: the leases one holds that the other does not are judged
@@ -281,6 +287,16 @@ impl Load {
     }
 }
 
+/// The first counter of a new heartbeat: the wall clock in milliseconds, so
+/// an instance whose heartbeat was retired (at its shutdown, or by another
+/// as long stale) and that comes back under the same id never repeats a
+/// value an observer remembers, which would read as standing still.
+pub(crate) fn heartbeat_base() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX / 2))
+}
+
 /// A subscription's leases and the heartbeats of the instances sharing
 /// them, as one sync reads them.
 #[derive(Debug, Clone, Default)]
@@ -415,7 +431,9 @@ pub(crate) mod rules {
     ) -> super::Heartbeat {
         super::Heartbeat {
             owner: owner.clone(),
-            counter: current.as_ref().map_or(1, |h| h.counter + 1),
+            counter: current
+                .as_ref()
+                .map_or_else(super::heartbeat_base, |h| h.counter + 1),
             load: load.clone(),
             asks: current.map_or(0, |h| h.asks),
         }

@@ -36,7 +36,11 @@
 //!    as many leases as are missing, each from the owner then holding the
 //!    most (counting the asks already placed), if it holds more than the
 //!    fair share; of its leases, the quietest (by the load its heartbeat
-//!    publishes), in this instance's own order among equals. Nobody takes
+//!    publishes), in this instance's own order among equals. Leases this
+//!    instance asked for and their owners have not released yet count as
+//!    coming (not asked for again), and leases anyone asked for count as
+//!    leaving their owner; nothing is asked for past
+//!    `max_leases_per_instance`. Nobody takes
 //!    beyond its share or asks someone at or below it, so moves by count
 //!    never ping-pong, and a fleet far off converges in a few syncs, not
 //!    one lease per sync.
@@ -49,7 +53,8 @@
 //!    the pair's larger load drops clearly: `max(L_b - r, L_me + r) <= 0.8 *
 //!    L_b`. One such ask per sync. The reverse move would need `L_b <= 0.8 *
 //!    (L_me + r)`, which the first excludes, so a shard moved for load never
-//!    moves straight back; and shards of about equal rates (a fleet that is
+//!    moves straight back; no ask by load is placed while a move of this
+//!    instance's is under way; and shards of about equal rates (a fleet that is
 //!    balanced, give or take noise) never move at all. The count rule then
 //!    evens the counts by moving the quietest leases, which barely change
 //!    the loads.
@@ -274,7 +279,14 @@ impl Planner {
             fair_share = fair_share.min(cap);
         }
         let mine = eligible.iter().filter(|s| held.contains(&s.id)).count();
-        let wanted = fair_share.saturating_sub(mine);
+        // Asked for by us and not yet released: already coming, so not
+        // asked for again (the owner may take longer to drain than a sync).
+        let coming = by_owner
+            .values()
+            .flatten()
+            .filter(|l| l.handoff.as_ref() == Some(me))
+            .count();
+        let wanted = fair_share.saturating_sub(mine + coming);
         let mut unheld: Vec<ShardId> = free.iter().map(|(s, _)| s.clone()).collect();
         unheld.extend(lost);
         unheld.sort();
@@ -293,14 +305,18 @@ impl Planner {
             .take(wanted.max(asked_for).min(room))
             .collect();
 
+        // Nothing is asked for that could not be taken (at the cap).
         let mut ask = Vec::new();
-        if !took_free && wanted > 0 {
-            ask = ask_by_count(me, wanted, fair_share, &by_owner, &beating);
+        if !took_free && wanted > 0 && room > 0 {
+            ask = ask_by_count(me, wanted.min(room), fair_share, &by_owner, &beating);
         }
-        // Counts even (nobody above the share, nobody to ask by count): by
-        // load.
+        // Counts even (nobody above the share, nobody to ask by count), and
+        // no move of ours under way: by load.
         if !took_free
             && ask.is_empty()
+            && room > 0
+            && coming == 0
+            && asked_for == 0
             && mine <= fair_share
             && by_owner.values().all(|l| l.len() <= fair_share)
         {
@@ -327,8 +343,11 @@ fn ask_by_count(
     by_owner: &BTreeMap<&OwnerId, Vec<&Lease>>,
     beating: &HashMap<&OwnerId, &Heartbeat>,
 ) -> Vec<Lease> {
-    let mut counts: BTreeMap<&OwnerId, usize> =
-        by_owner.iter().map(|(o, l)| (*o, l.len())).collect();
+    // An owner's leases already asked for (by anyone) are leaving it.
+    let mut counts: BTreeMap<&OwnerId, usize> = by_owner
+        .iter()
+        .map(|(o, l)| (*o, l.iter().filter(|l| l.handoff.is_none()).count()))
+        .collect();
     let mut asked: Vec<Lease> = Vec::new();
     for _ in 0..wanted {
         let Some((&owner, _)) = counts
@@ -1405,5 +1424,61 @@ mod tests {
             Instant::now(),
         );
         assert!(plan.take.is_empty());
+    }
+
+    #[test]
+    fn leases_asked_for_and_not_yet_released_are_not_asked_for_again() {
+        // 8 shards: a 6, b 2; c (no leases) asked a for s0 and s1 at its
+        // last sync, and a is still draining them.
+        let mut leases = owned(&["a", "a", "a", "a", "a", "a", "b", "b"]);
+        for s in ["s0", "s1"] {
+            leases.get_mut(&ShardId::from(s)).unwrap().handoff = Some("c".into());
+        }
+        let beats = [
+            beat("a", 1, 0.0, &[]),
+            beat("b", 1, 0.0, &[]),
+            beat("c", 1, 0.0, &[]),
+        ];
+        let plan = plan_with(
+            &mut Planner::new(),
+            "c",
+            &[],
+            &shards(8),
+            &leases,
+            &beats,
+            &Load::default(),
+            None,
+            Instant::now(),
+        );
+        // Share 3: 2 coming, 1 more wanted; a keeps 4 once s0 and s1 leave,
+        // still above the share: one more from a, not s0 or s1 again.
+        let asked: Vec<&str> = plan.ask.iter().map(|l| l.key.shard.as_str()).collect();
+        assert_eq!(asked.len(), 1, "{plan:?}");
+        assert!(!["s0", "s1"].contains(&asked[0]), "{asked:?}");
+    }
+
+    #[test]
+    fn at_the_cap_nothing_is_asked_for() {
+        // 8 shards, 2 live, cap 2: the share is 2, b holds 2 (a holds 6,
+        // past the cap: set on b only). b may take no more, so it asks for
+        // none, by count or by load, though a is far busier.
+        let leases = owned(&["a", "a", "a", "a", "a", "a", "b", "b"]);
+        let beats = [beat("a", 1, 100.0, &[("s0", 50.0)]), beat("b", 1, 0.0, &[])];
+        let settled = Load {
+            settled: true,
+            ..Load::default()
+        };
+        let plan = plan_with(
+            &mut Planner::new(),
+            "b",
+            &["s6", "s7"],
+            &shards(8),
+            &leases,
+            &beats,
+            &settled,
+            Some(2),
+            Instant::now(),
+        );
+        assert!(plan.ask.is_empty(), "{plan:?}");
     }
 }
