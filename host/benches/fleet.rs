@@ -181,6 +181,39 @@ async fn wait_balanced(
     }
 }
 
+/// `hosts` hosts named `bench-<i>` on the DynamoDB store (reached through
+/// `proxy`), reading `stream`.
+fn start_fleet(
+    bin: &Path,
+    plugin: &Path,
+    hosts: usize,
+    kinesis: &Kinesis,
+    proxy: &FaultProxy,
+    table: &str,
+    stream: &str,
+) -> anyhow::Result<Vec<HostProcess>> {
+    (0..hosts)
+        .map(|i| {
+            HostProcess::start_with(
+                bin,
+                &dynamodb_config(&format!("bench-{i}"), table, stream, plugin),
+                &[
+                    ("AWS_ENDPOINT_URL_KINESIS", kinesis.endpoint()),
+                    ("AWS_ENDPOINT_URL_DYNAMODB", &proxy.endpoint()),
+                ],
+            )
+        })
+        .collect()
+}
+
+/// The requests `proxy` forwards over `window`: (writes, reads, each
+/// operation's count).
+async fn count_over(proxy: &FaultProxy, window: Duration) -> (u64, u64, String) {
+    let before = proxy.forwarded_by_operation();
+    tokio::time::sleep(window).await;
+    delta(&before, &proxy.forwarded_by_operation())
+}
+
 /// Requests the proxy forwarded between two snapshots: (writes, reads).
 fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> (u64, u64, String) {
     let mut writes = 0;
@@ -215,17 +248,7 @@ async fn requests(
     let table = unique_name("leases");
     kinesis.create_stream(&stream, shards).await?;
     let keys = keys_for_every_shard(&kinesis, &stream).await?;
-    let mut fleet = Vec::new();
-    for i in 0..hosts {
-        fleet.push(HostProcess::start_with(
-            bin,
-            &dynamodb_config(&format!("bench-{i}"), &table, &stream, plugin),
-            &[
-                ("AWS_ENDPOINT_URL_KINESIS", kinesis.endpoint()),
-                ("AWS_ENDPOINT_URL_DYNAMODB", &proxy.endpoint()),
-            ],
-        )?);
-    }
+    let fleet = start_fleet(bin, plugin, hosts, &kinesis, &proxy, &table, &stream)?;
     // An earlier version may never balance a fleet started together: say
     // so, and count what it costs as it stands.
     let bound = Duration::from_secs(240);
@@ -237,9 +260,7 @@ async fn requests(
     tokio::time::sleep(Duration::from_secs(15)).await;
     let per_minute = |n: u64| n as f64 / shards as f64 * 60.0 / window.as_secs_f64();
 
-    let before = proxy.forwarded_by_operation();
-    tokio::time::sleep(window).await;
-    let (writes, reads, detail) = delta(&before, &proxy.forwarded_by_operation());
+    let (writes, reads, detail) = count_over(&proxy, window).await;
     println!(
         "requests [{label}] {shards} shards on {hosts} host(s), idle: {:.2} writes + {:.2} reads per shard-minute ({detail}; {converged})",
         per_minute(writes),
@@ -275,9 +296,7 @@ async fn requests(
         })
     };
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let before = proxy.forwarded_by_operation();
-    tokio::time::sleep(window).await;
-    let (writes, reads, detail) = delta(&before, &proxy.forwarded_by_operation());
+    let (writes, reads, detail) = count_over(&proxy, window).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     producer.await?;
     println!(
@@ -424,17 +443,7 @@ async fn fleet_of_four(
         "thousand: a {shards}-shard stream created in {:.1?}",
         created.elapsed()
     );
-    let mut fleet = Vec::new();
-    for i in 0..4 {
-        fleet.push(HostProcess::start_with(
-            bin,
-            &dynamodb_config(&format!("bench-{i}"), &table, &stream, plugin),
-            &[
-                ("AWS_ENDPOINT_URL_KINESIS", kinesis.endpoint()),
-                ("AWS_ENDPOINT_URL_DYNAMODB", &proxy.endpoint()),
-            ],
-        )?);
-    }
+    let fleet = start_fleet(bin, plugin, 4, &kinesis, &proxy, &table, &stream)?;
     let converged = wait_balanced(
         &dynalite,
         &table,
@@ -444,9 +453,7 @@ async fn fleet_of_four(
     )
     .await?;
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let before = proxy.forwarded_by_operation();
-    tokio::time::sleep(window).await;
-    let (writes, reads, detail) = delta(&before, &proxy.forwarded_by_operation());
+    let (writes, reads, detail) = count_over(&proxy, window).await;
     let per_minute = |n: u64| n as f64 / f64::from(shards) * 60.0 / window.as_secs_f64();
     let rss: Vec<String> = fleet
         .iter()
