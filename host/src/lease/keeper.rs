@@ -13,7 +13,10 @@
 //! - every `shard_sync_every` (and at start): list the stream's shards, read
 //!   the lease table, and let the [`Planner`] decide which leases to take
 //!   (free or expired ones, up to the fair share; children only after their
-//!   parents reached `SHARD_END`) and whom to ask for one (balancing). Each
+//!   parents reached `SHARD_END`) and whom to ask for one (balancing). A
+//!   listing that fails (Kinesis slow or unreachable) does not hold the
+//!   lease table back: the sync plans with the last listing that
+//!   succeeded, so leases are still taken, handed over and balanced. Each
 //!   lease taken is assigned to a reader ([`Assignment::Read`]) after the
 //!   lease's checkpoint, or, for a child of a split or merge, at the
 //!   child's beginning.
@@ -285,6 +288,11 @@ pub(crate) struct Keeper {
     io: JoinSet<Io>,
     /// A listing is under way.
     listing: bool,
+    /// The last listing of the stream's shards that succeeded: a sync whose
+    /// listing fails plans with it (the shards change rarely; leases in the
+    /// store can still be taken, handed over and balanced while Kinesis is
+    /// slow to answer ListShards).
+    last_shards: Option<Vec<ShardInfo>>,
     round: Option<SyncRound>,
     planner: Planner,
     next_session: u64,
@@ -366,6 +374,7 @@ impl Keeper {
             held: HashMap::new(),
             io: JoinSet::new(),
             listing: false,
+            last_shards: None,
             round: None,
             planner: Planner::new(),
             next_session: 1,

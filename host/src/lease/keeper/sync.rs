@@ -14,6 +14,7 @@ use crate::ids::{OwnerId, SessionId, ShardId};
 use crate::kinesis::{HashKeyRange, KinesisError, ReadFrom, ShardInfo};
 use crate::lease::planner::Inputs;
 use crate::lease::{Heartbeat, HeldLease, Lease, LeaseError, Survey};
+use crate::logging::LogGate;
 use crate::progress::Checkpoint;
 
 impl Keeper {
@@ -63,10 +64,17 @@ impl Keeper {
             return;
         }
         let shards = match shards {
-            Ok(shards) => shards,
+            Ok(shards) => {
+                self.last_shards = Some(shards.clone());
+                shards
+            }
             Err(e) => {
-                tracing::warn!(subscription = %self.subscription.name, stream = %self.subscription.stream, error = %e, "cannot list shards; will retry");
-                return;
+                let known = self.last_shards.clone();
+                self.warn_listing(&e, known.is_some());
+                match known {
+                    Some(shards) => shards,
+                    None => return,
+                }
             }
         };
         let (leases, heartbeats): (HashMap<ShardId, Lease>, Vec<Heartbeat>) = match survey {
@@ -93,6 +101,22 @@ impl Keeper {
         let round = self.plan(shards, &leases, &heartbeats, sent_at);
         self.round = Some(round);
         self.finish_round_if_done();
+    }
+
+    /// Logs a failed shard listing, at most once every 10 s.
+    fn warn_listing(&mut self, e: &KinesisError, planning_anyway: bool) {
+        let gate = self
+            .failure_log
+            .entry("shard listing")
+            .or_insert_with(|| LogGate::every(crate::throttle::LOG_INTERVAL));
+        if let Some(suppressed) = gate.note(std::time::Instant::now()) {
+            let message = if planning_anyway {
+                "cannot list shards; planning with the last listing, will retry (logged at most once every 10 s; suppressed: since the last line)"
+            } else {
+                "cannot list shards; will retry (logged at most once every 10 s; suppressed: since the last line)"
+            };
+            tracing::warn!(subscription = %self.subscription.name, stream = %self.subscription.stream, error = %e, suppressed, "{message}");
+        }
     }
 
     /// What the table says of the leases held here. With no renewals, a

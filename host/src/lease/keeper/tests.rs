@@ -32,10 +32,12 @@ const LEASE: Duration = Duration::from_secs(10);
 const RENEW: Duration = Duration::from_secs(3);
 const SYNC: Duration = Duration::from_secs(10);
 
-/// The stream's shards as the test sets them; listing can be made slow.
+/// The stream's shards as the test sets them; listing can be made slow,
+/// or fail.
 struct Shards {
     shards: Mutex<Vec<ShardInfo>>,
     delay: Mutex<Duration>,
+    failing: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait]
@@ -43,6 +45,9 @@ impl ShardSource for Shards {
     async fn list_shards(&self, _stream: &StreamName) -> Result<Vec<ShardInfo>, KinesisError> {
         let delay = *self.delay.lock().unwrap();
         tokio::time::sleep(delay).await;
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(KinesisError::Failed("listing refused by the test".into()));
+        }
         Ok(self.shards.lock().unwrap().clone())
     }
 }
@@ -236,6 +241,7 @@ fn start(store: Arc<Store>, shards: Vec<ShardInfo>) -> Rig {
     let shards = Arc::new(Shards {
         shards: Mutex::new(shards),
         delay: Mutex::new(Duration::ZERO),
+        failing: std::sync::atomic::AtomicBool::new(false),
     });
     let keeper = Keeper::new(
         sub,
@@ -349,6 +355,37 @@ async fn takes_every_free_shard_and_assigns_it_from_its_checkpoint() {
     for s in ["s0", "s1"] {
         assert_eq!(rig.lease(s).await.owner, Some(OwnerId::from(ME)));
     }
+}
+
+/// Catches: a sync that gives up when the shard listing fails (Kinesis
+/// slow or refusing ListShards), so a lease freed meanwhile stays unread
+/// although the store answers: the sync plans with the last listing.
+#[tokio::test(start_paused = true)]
+async fn a_failed_listing_plans_with_the_last_one() {
+    let store = Arc::new(Store::default());
+    let other = OwnerId::from("other");
+    store.acquire(&key("s1"), &other, None).await.unwrap();
+    let mut rig = start(
+        store.clone(),
+        vec![shard("s0", None, false), shard("s1", None, false)],
+    );
+    let (first, ..) = read_of(rig.next(Duration::from_secs(1)).await);
+    assert_eq!(first, ShardId::from("s0"));
+    rig.shards.failing.store(true, Ordering::SeqCst);
+    // Whatever the planner made of "other" (an ask, or nothing), its lease
+    // is free once released; only a sync can find that.
+    let theirs = store.read(&key("s1")).await.unwrap().unwrap();
+    let held = HeldLease {
+        key: key("s1"),
+        owner: other,
+        counter: theirs.counter,
+        checkpoint: theirs.checkpoint,
+        handoff: theirs.handoff,
+    };
+    store.release(&held).await.unwrap();
+    let (second, ..) = read_of(rig.next(SYNC * 3).await);
+    assert_eq!(second, ShardId::from("s1"));
+    assert_eq!(rig.lease("s1").await.owner, Some(OwnerId::from(ME)));
 }
 
 /// Catches: heartbeats that do not happen on their timer (every lease
