@@ -7,6 +7,8 @@
 //!   moved into a subscription's lease store.
 //! - `deregister`: `shardlane deregister-consumer`, a fan-out consumer
 //!   removed from its stream.
+//! - `versions`: `shardlane deploy`, `versions`, `promote`, `rollback`:
+//!   the fleet's plugin versions of a subscription.
 //!
 //! `shardlane validate` is [`crate::load_plugins`], and `run` is
 //! [`crate::run`]: both belong to the supervisor.
@@ -17,7 +19,9 @@
 mod deregister;
 mod import_kcl;
 mod state_get;
+mod versions;
 
 pub use deregister::deregister_consumer;
 pub use import_kcl::{Imported, import_kcl};
 pub use state_get::state_get;
+pub use versions::{deploy, promote, rollback, versions};

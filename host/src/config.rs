@@ -28,10 +28,12 @@ use crate::ids::{StreamName, SubscriptionName};
 use crate::key_slice::KeySlice;
 
 pub mod defaults;
+mod location;
 mod overrides;
 mod raw;
 mod validate;
 
+pub(crate) use location::ArtifactLocation;
 pub(crate) use overrides::OVERRIDE_PREFIX;
 use overrides::apply_override;
 use raw::RawConfig;
@@ -91,6 +93,9 @@ pub struct Config {
     pub traces: Option<TracesConfig>,
     /// Metrics as CloudWatch EMF (`[metrics] emf`); `None`: not written.
     pub emf: Option<EmfConfig>,
+    /// Where plugin versions' bytes are kept for the fleet
+    /// (`[artifacts] location`); `None`: nowhere but this host.
+    pub artifacts: Option<ArtifactLocation>,
 }
 
 /// Where EMF documents go.

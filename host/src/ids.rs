@@ -114,10 +114,54 @@ impl fmt::Display for SessionId {
 
 /// A plugin's sha256 digest (`sha256:` and 64 hex digits): how every version
 /// of a plugin is known.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(try_from = "String", into = "String")]
 pub struct PluginDigest(Arc<str>);
 
+/// Why a text is not a plugin digest.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0:?} is not a plugin digest: expected sha256: and 64 lowercase hex digits")]
+pub struct PluginDigestError(String);
+
+impl TryFrom<String> for PluginDigest {
+    type Error = PluginDigestError;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::parse(&value)
+    }
+}
+
+impl From<PluginDigest> for String {
+    fn from(digest: PluginDigest) -> Self {
+        digest.0.to_string()
+    }
+}
+
 impl PluginDigest {
+    /// Reads a digest as [`fmt::Display`] writes it.
+    ///
+    /// # Errors
+    /// Anything but `sha256:` and 64 lowercase hex digits.
+    pub fn parse(value: &str) -> Result<Self, PluginDigestError> {
+        match value.strip_prefix("sha256:") {
+            Some(hex)
+                if hex.len() == 64
+                    && hex
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+            {
+                Ok(Self(value.into()))
+            }
+            _ => Err(PluginDigestError(value.to_owned())),
+        }
+    }
+
+    /// The 64 hex digits alone (the name of the blob in an artifact store).
+    pub fn hex(&self) -> &str {
+        &self.0[7..]
+    }
+
     /// The digest of a component's bytes.
     pub fn of(bytes: &[u8]) -> Self {
         let hash = Sha256::digest(bytes);

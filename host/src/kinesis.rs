@@ -100,6 +100,19 @@ pub(crate) async fn dynamodb_client(aws: &AwsConfig) -> aws_sdk_dynamodb::Client
     aws_sdk_dynamodb::Client::from_conf(config.build())
 }
 
+/// Builds an S3 client (for the artifact store) the same way as the
+/// Kinesis one: `AWS_ENDPOINT_URL_S3` points it at an emulator, and then
+/// addresses buckets by path (`http://host:port/bucket/key`), since an
+/// emulator on loopback has no per-bucket host names.
+pub(crate) async fn s3_client(aws: &AwsConfig) -> aws_sdk_s3::Client {
+    let sdk = sdk_config(aws).await;
+    let overridden = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
+    let config = aws_sdk_s3::config::Builder::from(&sdk).force_path_style(overridden);
+    aws_sdk_s3::Client::from_conf(config.build())
+}
+
 /// Where a reader opens a shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ReadFrom {

@@ -116,6 +116,7 @@ use async_trait::async_trait;
 use crate::cause::Cause;
 use crate::ids::{OwnerId, PartitionKey, SessionId, ShardId, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
+use crate::versions::{Command, FleetVersions, VersionsError};
 
 /// A checkpoint for the lease keeper to write, as settlement asks for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -340,7 +341,22 @@ impl HeldLease {
 /// condition expressions.
 pub(crate) mod rules {
     use super::{HeldLease, Lease, LeaseError, LeaseKey};
-    use crate::ids::OwnerId;
+    use crate::ids::{OwnerId, SubscriptionName};
+    use crate::versions::FleetVersions;
+
+    /// Writing a subscription's fleet versions: only over the revision
+    /// `next` was made from.
+    pub(crate) fn write_versions(
+        current: Option<&FleetVersions>,
+        subscription: &SubscriptionName,
+        next: &FleetVersions,
+    ) -> Result<(), LeaseError> {
+        if current.map_or(0, |v| v.revision) + 1 == next.revision {
+            Ok(())
+        } else {
+            Err(LeaseError::VersionsChanged(subscription.clone()))
+        }
+    }
 
     /// Taking the lease for `owner`, if it is still exactly as `seen`.
     pub(crate) fn acquire(
@@ -455,6 +471,10 @@ pub enum LeaseError {
     /// worth retrying after a while.
     #[error("lease store throttled: {0}")]
     Throttled(#[source] Cause),
+    /// A subscription's fleet versions changed since they were read (see
+    /// [`LeaseStore::write_versions`]): read them again and decide again.
+    #[error("the versions of subscription {0} changed since they were read")]
+    VersionsChanged(SubscriptionName),
 }
 
 /// Storage for leases and checkpoints (see the module docs for the rules
@@ -544,4 +564,64 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Gives the lease up so another instance may take it at once.
     async fn release(&self, held: &HeldLease) -> Result<(), LeaseError>;
+
+    /// A subscription's fleet versions (see [`crate::versions`]); `None`
+    /// before the first change. Strongly consistent.
+    async fn read_versions(
+        &self,
+        subscription: &SubscriptionName,
+    ) -> Result<Option<FleetVersions>, LeaseError>;
+
+    /// Stores `next` if the stored revision is still the one `next` was
+    /// made from (`next.revision - 1`; none stored for revision 1);
+    /// [`LeaseError::VersionsChanged`] otherwise. Use [`update_versions`].
+    async fn write_versions(
+        &self,
+        subscription: &SubscriptionName,
+        next: &FleetVersions,
+    ) -> Result<(), LeaseError>;
+}
+
+/// Why a change of a subscription's fleet versions did not land.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum VersionsUpdateError {
+    /// The rules refused it.
+    #[error(transparent)]
+    Refused(#[from] VersionsError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] LeaseError),
+}
+
+/// How many times [`update_versions`] reads again after another change
+/// landed first.
+const VERSIONS_TRIES: usize = 8;
+
+/// Applies `command` by `by` to the stored fleet versions of
+/// `subscription`: read, apply the rules, write conditionally on the
+/// revision read; when another change landed in between, read again and
+/// apply to what it left (the rules may then refuse). Returns the new value.
+///
+/// # Errors
+/// The rules' refusal, or the store's failure (after [`VERSIONS_TRIES`]
+/// conflicts, the last [`LeaseError::VersionsChanged`]).
+pub(crate) async fn update_versions(
+    store: &dyn LeaseStore,
+    subscription: &SubscriptionName,
+    command: Command,
+    by: &str,
+) -> Result<FleetVersions, VersionsUpdateError> {
+    let mut last = None;
+    for _ in 0..VERSIONS_TRIES {
+        let current = store.read_versions(subscription).await?.unwrap_or_default();
+        let next = current.apply(command.clone(), by, crate::clock::now_ms())?;
+        match store.write_versions(subscription, &next).await {
+            Ok(()) => return Ok(next),
+            Err(e @ LeaseError::VersionsChanged(_)) => last = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last
+        .unwrap_or_else(|| LeaseError::VersionsChanged(subscription.clone()))
+        .into())
 }

@@ -45,7 +45,7 @@
 //!   the admin API; `supervisor` starts every pipeline and the operations
 //!   server; `commands` are the one-shot commands beside `run`.
 //! - Below them: ground values (`ids`, `progress`, `key_slice`, `clock`,
-//!   `cause`, `files`, `backoff`, `kpl`), `config` (the TOML config, validated into
+//!   `cause`, `files`, `backoff`, `kpl`, `versions`), `config` (the TOML config, validated into
 //!   types), and what every stage writes to or calls: `logging`,
 //!   `telemetry` (metrics, typed status, spans), `throttle`, `kinesis`
 //!   (the client and a typed error) and `channel`.
@@ -59,16 +59,16 @@
 //! (the keeper's `CheckpointState`; the dispatch seam the plugin
 //! implements). This list is the one the suite checks (`layers` test):
 //!
-//! 1. ground values: `ids`, `progress`, `key_slice`, `clock`, `cause`, `files`, `backoff`, `kpl`
+//! 1. ground values: `ids`, `progress`, `key_slice`, `clock`, `cause`, `files`, `backoff`, `kpl`, `versions`
 //! 2. config: `config`
-//! 3. sinks and clients: `logging`, `telemetry`, `throttle`, `kinesis`, `channel`
+//! 3. sinks and clients: `logging`, `telemetry`, `throttle`, `kinesis`, `channel`, `artifacts`
 //! 4. leases: `lease`
 //! 5. settling: `settlement`, `state`
 //! 6. records in and out: `reader`, `outputs`
 //! 7. dispatch: `dispatch`, `failure`
 //! 8. the Wasm host: `plugin`
 //! 9. the plugin slot: `swap`
-//! 10. wiring: `pipeline`, `ops`
+//! 10. wiring: `pipeline`, `ops`, `rollout`
 //! 11. the supervisor: `supervisor`
 //! 12. commands: `commands`
 //!
@@ -83,6 +83,7 @@
 
 #![warn(unreachable_pub)]
 
+mod artifacts;
 mod backoff;
 mod cause;
 mod channel;
@@ -104,12 +105,14 @@ mod pipeline;
 mod plugin;
 mod progress;
 mod reader;
+mod rollout;
 mod settlement;
 mod state;
 mod supervisor;
 mod swap;
 mod telemetry;
 mod throttle;
+mod versions;
 
 #[cfg(test)]
 mod layers;
@@ -117,7 +120,9 @@ mod layers;
 mod tests;
 
 pub use channel::CHANNEL_CAPACITY;
-pub use commands::{Imported, deregister_consumer, import_kcl, state_get};
+pub use commands::{
+    Imported, deploy, deregister_consumer, import_kcl, promote, rollback, state_get, versions,
+};
 pub use config::{Config, defaults};
 pub use dispatch::LANE_INBOX;
 pub use dispatch::routing::lane_for;
@@ -130,6 +135,7 @@ pub use logging::{LogFormat, LogGuard, init as init_logging};
 pub use plugin::PluginHost;
 pub use progress::Checkpoint;
 pub use supervisor::{LoadedSubscription, load_plugins, run};
+pub use versions::{Action, CanaryPlan, Change, FleetVersions};
 
 /// The operations server's limits (see the README's "Operations").
 pub mod admin {

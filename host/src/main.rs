@@ -83,6 +83,55 @@ enum Command {
         #[arg(long, short)]
         table: String,
     },
+    /// Deploy a plugin version to every instance of a subscription: checks
+    /// it against the contract, stores it in `[artifacts] location`, and
+    /// records it in the lease store, which every instance follows within
+    /// seconds.
+    Deploy {
+        /// The TOML config file.
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
+        config: PathBuf,
+        /// The subscription's name.
+        #[arg(long, short)]
+        subscription: String,
+        /// Start it as a canary on this fraction of the partition keys
+        /// (0 to 1, both excluded) instead of making it the stable version.
+        #[arg(long)]
+        canary: Option<f64>,
+        /// The plugin's .wasm file.
+        plugin: PathBuf,
+    },
+    /// Print a subscription's fleet versions and the history of changes.
+    Versions {
+        /// The TOML config file.
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
+        config: PathBuf,
+        /// The subscription's name.
+        #[arg(long, short)]
+        subscription: String,
+    },
+    /// Make a subscription's canary candidate its stable version, fleet-wide.
+    Promote {
+        /// The TOML config file.
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
+        config: PathBuf,
+        /// The subscription's name.
+        #[arg(long, short)]
+        subscription: String,
+    },
+    /// Drop a subscription's canary, or (without one) set its stable
+    /// version back to the one before, or to `--to`, fleet-wide.
+    Rollback {
+        /// The TOML config file.
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
+        config: PathBuf,
+        /// The subscription's name.
+        #[arg(long, short)]
+        subscription: String,
+        /// The version to go back to (`sha256:…`, from `shardlane versions`).
+        #[arg(long)]
+        to: Option<String>,
+    },
     /// Inspect per-key state (read-only).
     State {
         #[command(subcommand)]
@@ -134,6 +183,33 @@ fn main() -> ExitCode {
             subscription,
         } => deregister_consumer(config, &subscription),
         Command::Validate { config } => validate(config),
+        Command::Deploy {
+            config,
+            subscription,
+            canary,
+            plugin,
+        } => fleet(config, |c| async move {
+            let v = shardlane::deploy(&c, &subscription, &plugin, canary).await?;
+            Ok((v, "deployed"))
+        }),
+        Command::Versions {
+            config,
+            subscription,
+        } => show_versions(config, &subscription),
+        Command::Promote {
+            config,
+            subscription,
+        } => fleet(config, |c| async move {
+            Ok((shardlane::promote(&c, &subscription).await?, "promoted"))
+        }),
+        Command::Rollback {
+            config,
+            subscription,
+            to,
+        } => fleet(config, |c| async move {
+            let v = shardlane::rollback(&c, &subscription, to.as_deref()).await?;
+            Ok((v, "rolled back"))
+        }),
         Command::State {
             command:
                 StateCommand::Get {
@@ -273,6 +349,75 @@ fn deregister_consumer(config_path: PathBuf, subscription: &str) -> anyhow::Resu
         println!("deregistered stream consumer {consumer:?} of stream {stream:?}");
     } else {
         println!("stream {stream:?} has no consumer {consumer:?}: nothing to deregister");
+    }
+    Ok(())
+}
+
+/// Runs a change of the fleet's versions and prints what runs now.
+fn fleet<F, Fut>(config_path: PathBuf, change: F) -> anyhow::Result<()>
+where
+    F: FnOnce(Config) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<(shardlane::FleetVersions, &'static str)>>,
+{
+    let config = Config::load(&config_path)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let (versions, what) = runtime.block_on(change(config))?;
+    println!(
+        "{what} (revision {}): every instance sharing the lease store follows within seconds",
+        versions.revision
+    );
+    print_running(&versions);
+    Ok(())
+}
+
+fn print_running(versions: &shardlane::FleetVersions) {
+    match &versions.stable {
+        Some(stable) => println!("stable:  {stable}"),
+        None => println!("stable:  (none recorded)"),
+    }
+    if let Some(canary) = &versions.canary {
+        println!(
+            "canary:  {} on {:.1} % of the keys",
+            canary.candidate,
+            canary.key_fraction * 100.0
+        );
+    }
+    if let Some(shadow) = &versions.shadow {
+        println!("shadow:  {shadow}");
+    }
+}
+
+fn show_versions(config_path: PathBuf, subscription: &str) -> anyhow::Result<()> {
+    let config = Config::load(&config_path)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let Some(versions) = runtime.block_on(shardlane::versions(&config, subscription))? else {
+        println!(
+            "subscription {subscription:?} has no fleet versions yet: they are recorded when its first instance starts"
+        );
+        return Ok(());
+    };
+    print_running(&versions);
+    println!();
+    println!(
+        "{:<20}  {:<15}  {:<19}  {:<32}  NOTE",
+        "WHEN (UTC)", "ACTION", "VERSION", "BY"
+    );
+    for change in &versions.history {
+        let when = std::time::UNIX_EPOCH + std::time::Duration::from_millis(change.at_ms);
+        println!(
+            "{:<20}  {:<15}  {:<19}  {:<32}  {}",
+            humantime::format_rfc3339_seconds(when).to_string(),
+            change.action.label(),
+            change.digest.short(),
+            change.by,
+            change.note
+        );
     }
     Ok(())
 }

@@ -81,7 +81,7 @@ use limits::{AcceptBackoff, LogGate};
 pub use limits::{HEADER_READ_TIMEOUT, LOG_INTERVAL, MAX_CONNECTIONS};
 
 use crate::ids::SubscriptionName;
-use crate::swap::PluginSlot;
+use crate::rollout::Rollout;
 use crate::telemetry::Telemetry;
 
 /// Largest plugin accepted through the admin API (Python and JavaScript
@@ -95,8 +95,9 @@ const DRAIN: Duration = Duration::from_secs(5);
 pub(crate) struct OpsState {
     /// Metrics and status.
     pub telemetry: Arc<Telemetry>,
-    /// Each subscription's plugin slot, by name.
-    pub slots: BTreeMap<SubscriptionName, Arc<PluginSlot>>,
+    /// Each subscription's rollout stage (which changes the fleet's
+    /// versions), by name.
+    pub rollouts: BTreeMap<SubscriptionName, Arc<Rollout>>,
     /// The admin bearer token; `None`: write endpoints are off.
     pub token: Option<String>,
 }

@@ -62,6 +62,7 @@ use crate::lease::{
 use crate::outputs::{OutputStage, PUBLISH_QUEUE};
 use crate::reader::pool::ReaderPool;
 use crate::reader::{FanOut, ReaderContext, ShardSubscriber};
+use crate::rollout::Rollout;
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
 use crate::state::{StateMetrics, StateStage};
 use crate::swap::PluginSlot;
@@ -73,6 +74,8 @@ pub(crate) struct Parts {
     pub subscription: Arc<SubscriptionConfig>,
     /// Its plugin versions (hot-swapped, canary).
     pub slot: Arc<PluginSlot>,
+    /// What keeps the slot on the fleet's versions.
+    pub rollout: Arc<Rollout>,
     /// Kinesis.
     pub kinesis: Kinesis,
     /// The stream consumer to read through, when reading by enhanced
@@ -96,7 +99,7 @@ pub(crate) struct Pipeline {
     stop: CancellationToken,
     /// Cuts dispatch short once `shutdown_timeout` has passed.
     hard_stop: CancellationToken,
-    /// Stops the plugin file watcher.
+    /// Stops the rollout stage (and its plugin file watcher).
     stop_watching: CancellationToken,
     keeper: JoinHandle<()>,
     readers: JoinHandle<()>,
@@ -150,6 +153,7 @@ impl Pipeline {
         let Parts {
             subscription: sub,
             slot,
+            rollout,
             kinesis,
             fan_out,
             store,
@@ -218,7 +222,7 @@ impl Pipeline {
             outputs: tokio::spawn(outputs.run(publish_rx, hard_stop.clone())),
             readers: tokio::spawn(pool.run(assign_rx)),
             keeper: tokio::spawn(keeper.run(assign_tx, checkpoint_rx, stop.clone())),
-            watcher: tokio::spawn(slot.watch(stop_watching.clone())),
+            watcher: tokio::spawn(rollout.run(stop_watching.clone())),
             stop,
             hard_stop,
             stop_watching,

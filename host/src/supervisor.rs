@@ -23,6 +23,7 @@ use anyhow::Context as _;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
+use crate::artifacts::{self, ArtifactStore};
 use crate::config::{Config, LeaseBackend, OnFailure, ReadMode, SubscriptionConfig, defaults};
 use crate::ids::{OwnerId, StreamName, SubscriptionName};
 use crate::kinesis::{self, ConsumerArn, Kinesis, KinesisError};
@@ -33,6 +34,7 @@ use crate::lease::memory::MemoryLeaseStore;
 use crate::ops::{self, OpsState, Routes};
 use crate::pipeline::{Parts, Pipeline};
 use crate::plugin::{CompileCache, Plugin, PluginHost, World};
+use crate::rollout::Rollout;
 use crate::swap::PluginSlot;
 use crate::telemetry::Telemetry;
 
@@ -86,7 +88,10 @@ fn load(
 
 /// The engine every plugin runs in, sized for the most demanding
 /// subscription, with the compile cache when one is configured and usable.
-fn plugin_host(config: &Config, telemetry: Option<Arc<Telemetry>>) -> anyhow::Result<PluginHost> {
+pub(crate) fn plugin_host(
+    config: &Config,
+    telemetry: Option<Arc<Telemetry>>,
+) -> anyhow::Result<PluginHost> {
     let max_memory = config
         .subscriptions
         .iter()
@@ -201,19 +206,21 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         .map(OwnerId::new)
         .unwrap_or_else(default_owner_id);
     tracing::info!(owner = %owner, subscriptions = loaded.len(), "shardlane running");
+    let artifacts = open_artifacts(&config).await;
     let shared = Shared {
         config: &config,
         plugins,
         kinesis,
         store,
+        artifacts,
         owner,
         telemetry: telemetry.clone(),
     };
-    let (slots, pipelines) = start_pipelines(&shared, loaded, consumers);
+    let (rollouts, pipelines) = start_pipelines(&shared, loaded, consumers).await;
     let ops_stop = CancellationToken::new();
     let state = Arc::new(OpsState {
         telemetry: telemetry.clone(),
-        slots,
+        rollouts,
         token: config.admin.token.clone(),
     });
     let servers = listen(&config, &state, &ops_stop).await?;
@@ -287,18 +294,29 @@ struct Shared<'a> {
     plugins: PluginHost,
     kinesis: Kinesis,
     store: Arc<dyn LeaseStore>,
+    artifacts: Option<Arc<dyn ArtifactStore>>,
     owner: OwnerId,
     telemetry: Arc<Telemetry>,
 }
 
-/// Starts a pipeline per subscription, each with its plugin slot; returns
-/// the slots by subscription (for the admin API) and the pipelines.
-fn start_pipelines(
+/// Opens the artifact store `[artifacts] location` names, if any.
+pub(crate) async fn open_artifacts(config: &Config) -> Option<Arc<dyn ArtifactStore>> {
+    let location = config.artifacts.as_ref()?;
+    let store = artifacts::open(location, || kinesis::s3_client(&config.aws)).await;
+    tracing::info!(artifacts = %location, "plugin versions are kept in the artifact store");
+    Some(Arc::from(store))
+}
+
+/// Starts a pipeline per subscription, each with its plugin slot and
+/// rollout stage (which first makes the slot run the fleet's versions);
+/// returns the rollout stages by subscription (for the admin API) and the
+/// pipelines.
+async fn start_pipelines(
     shared: &Shared<'_>,
     loaded: Vec<LoadedSubscription>,
     mut consumers: BTreeMap<SubscriptionName, ConsumerArn>,
-) -> (BTreeMap<SubscriptionName, Arc<PluginSlot>>, Vec<Pipeline>) {
-    let mut slots = BTreeMap::new();
+) -> (BTreeMap<SubscriptionName, Arc<Rollout>>, Vec<Pipeline>) {
+    let mut rollouts = BTreeMap::new();
     let mut pipelines = Vec::new();
     for LoadedSubscription {
         config: sub,
@@ -315,15 +333,25 @@ fn start_pipelines(
             status,
             shared.telemetry.clone(),
         );
-        if let (Some(candidate), Some(canary)) = (canary, &sub.canary) {
-            slot = slot.with_canary(candidate, canary.slice);
+        let config_canary = sub.canary.as_ref().map(|c| c.slice);
+        if let (Some(candidate), Some(slice)) = (canary, config_canary) {
+            slot = slot.with_canary(candidate, slice);
         }
         let slot = Arc::new(slot);
-        slots.insert(sub.name.clone(), slot.clone());
+        let rollout = Arc::new(Rollout::new(
+            slot.clone(),
+            shared.store.clone(),
+            shared.artifacts.clone(),
+            shared.owner.to_string(),
+            &shared.telemetry,
+        ));
+        rollout.start(config_canary).await;
+        rollouts.insert(sub.name.clone(), rollout.clone());
         pipelines.push(Pipeline::start(Parts {
             fan_out: consumers.remove(&sub.name),
             subscription: sub,
             slot,
+            rollout,
             kinesis: shared.kinesis.clone(),
             store: shared.store.clone(),
             lease: shared.config.lease.clone(),
@@ -331,7 +359,7 @@ fn start_pipelines(
             telemetry: shared.telemetry.clone(),
         }));
     }
-    (slots, pipelines)
+    (rollouts, pipelines)
 }
 
 /// Binds the operations listeners the config asks for (one serving

@@ -37,8 +37,12 @@
 //! canary runs, `shardlane_canary_records_total` counts outcomes per
 //! version, so the two can be compared before deciding.
 //!
-//! Swaps and canary changes live in memory: a restart runs the config's
-//! `plugin` (and `canary`) again.
+//! The slot only installs what it is given ([`PluginSlot::set`]) and
+//! compiles what it is asked to ([`PluginSlot::prepare`]): which versions
+//! run is the fleet's decision, kept in the lease store, and
+//! `crate::rollout` makes the slot follow it (so swaps, canaries,
+//! promotions and rollbacks survive restarts and reach every instance).
+//! The file watcher here only reports the plugin file's new bytes.
 //!
 //! Floor 9 (the plugin slot) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor and those below.
@@ -57,7 +61,7 @@ mod canary;
 
 use crate::key_slice::KeySlice;
 use canary::Canary;
-pub(crate) use canary::{Role, SlotInstance};
+pub(crate) use canary::SlotInstance;
 
 use crate::config::SandboxConfig;
 use crate::dispatch::HandlerFactory;
@@ -69,30 +73,6 @@ use crate::telemetry::{SubscriptionStatus, Telemetry};
 /// Quiet time after the last file event before the file is read: editors
 /// and copies write in several steps.
 const DEBOUNCE: Duration = Duration::from_millis(100);
-
-/// What a swap, or a canary change, did.
-#[derive(Debug, Clone)]
-pub(crate) struct SwapReport {
-    /// The version before (for a canary start: the stable version).
-    pub old: PluginDigest,
-    /// The version now (for a canary start: the candidate).
-    pub new: PluginDigest,
-    /// Compile and validation time, until lanes could switch.
-    pub live_after: Duration,
-    /// False when the new bytes were the running version already.
-    pub changed: bool,
-}
-
-/// Why a canary change was refused.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum CanaryError {
-    /// Promote or rollback without a canary.
-    #[error("subscription {0} runs no canary")]
-    NoCanary(SubscriptionName),
-    /// The candidate cannot be used.
-    #[error(transparent)]
-    Plugin(#[from] PluginError),
-}
 
 /// What lanes instantiate from.
 #[derive(Clone)]
@@ -251,131 +231,98 @@ impl PluginSlot {
         new
     }
 
-    /// Compiles, validates and installs a new stable version from `bytes`;
-    /// `origin` says where it came from, for the logs. A running canary
-    /// stays.
+    /// Compiles and validates `bytes` as a version of this slot (the
+    /// stable version's world, every import provided), installing
+    /// nothing: the fleet's versions are recorded only once this passes.
     ///
     /// # Errors
-    /// A [`PluginError`] naming the file and reason; the running version
-    /// stays.
-    pub(crate) async fn swap(
+    /// A [`PluginError`] naming the reason.
+    pub(crate) async fn prepare(
         &self,
         bytes: Vec<u8>,
         origin: &str,
-    ) -> Result<SwapReport, PluginError> {
-        let _one_at_a_time = self.swapping.lock().await;
-        let started = Instant::now();
-        let old = self.current();
-        let digest = PluginDigest::of(&bytes);
-        if &digest == old.digest() {
-            return Ok(SwapReport {
-                old: digest.clone(),
-                new: digest,
-                live_after: started.elapsed(),
-                changed: false,
-            });
-        }
-        let new = Arc::new(self.compile(bytes, origin).await?);
-        let new_digest = new.digest().clone();
-        let canary = self.versions().canary;
-        self.install(Versions {
-            stable: new,
-            canary,
-        });
-        let live_after = started.elapsed();
-        tracing::info!(
-            subscription = %self.subscription, origin, old = %old.digest(), new = %new_digest,
-            live_after_ms = live_after.as_millis() as u64,
-            "plugin swapped: lanes switch at their next record or batch"
-        );
-        Ok(SwapReport {
-            old: old.digest().clone(),
-            new: new_digest,
-            live_after,
-            changed: true,
-        })
+    ) -> Result<Arc<Plugin>, PluginError> {
+        self.compile(bytes, origin).await.map(Arc::new)
     }
 
-    /// Starts (or replaces) a canary: the component in `bytes` handles the
-    /// keys in `slice` from each lane's next boundary on.
-    ///
-    /// # Errors
-    /// A [`PluginError`] naming the reason; nothing changes.
-    pub(crate) async fn start_canary(
-        &self,
-        bytes: Vec<u8>,
-        slice: KeySlice,
-        origin: &str,
-    ) -> Result<SwapReport, CanaryError> {
-        let _one_at_a_time = self.swapping.lock().await;
-        let started = Instant::now();
-        let stable = self.current();
-        let candidate = Arc::new(self.compile(bytes, origin).await?);
-        let new = candidate.digest().clone();
-        self.install_canary(candidate, slice);
-        let live_after = started.elapsed();
-        tracing::info!(
-            subscription = %self.subscription, origin, stable = %stable.digest(), candidate = %new,
-            key_fraction = slice.fraction(), live_after_ms = live_after.as_millis() as u64,
-            "canary started: keys in the slice go to the candidate from each lane's next record or batch"
-        );
-        Ok(SwapReport {
-            old: stable.digest().clone(),
-            new,
-            live_after,
-            changed: true,
-        })
-    }
-
-    /// Makes the candidate the stable version for every key.
-    ///
-    /// # Errors
-    /// [`CanaryError::NoCanary`] when none runs.
-    pub(crate) async fn promote(&self, origin: &str) -> Result<SwapReport, CanaryError> {
-        self.end_canary(origin, Role::Candidate).await
-    }
-
-    /// Drops the candidate: every key goes back to the stable version.
-    ///
-    /// # Errors
-    /// [`CanaryError::NoCanary`] when none runs.
-    pub(crate) async fn rollback(&self, origin: &str) -> Result<SwapReport, CanaryError> {
-        self.end_canary(origin, Role::Stable).await
-    }
-
-    async fn end_canary(&self, origin: &str, keep: Role) -> Result<SwapReport, CanaryError> {
-        let _one_at_a_time = self.swapping.lock().await;
-        let started = Instant::now();
+    /// What runs: the stable version, and the canary's candidate with its
+    /// slice.
+    pub(crate) fn running(&self) -> (Arc<Plugin>, Option<(Arc<Plugin>, KeySlice)>) {
         let versions = self.versions();
-        let Some(canary) = versions.canary else {
-            return Err(CanaryError::NoCanary(self.subscription.clone()));
-        };
-        let old = versions.stable.digest().clone();
-        let stable = match keep {
-            Role::Candidate => canary.plugin,
-            Role::Stable => versions.stable,
-        };
-        let new = stable.digest().clone();
-        self.install(Versions {
-            stable,
-            canary: None,
-        });
-        let verb = match keep {
-            Role::Candidate => "canary promoted: every key goes to the candidate",
-            Role::Stable => "canary rolled back: every key goes to the stable version",
-        };
-        tracing::info!(subscription = %self.subscription, origin, old = %old, new = %new, "{verb}");
-        Ok(SwapReport {
-            changed: old != new,
-            old,
-            new,
-            live_after: started.elapsed(),
-        })
+        (
+            versions.stable,
+            versions.canary.map(|c| (c.plugin.clone(), c.slice)),
+        )
     }
 
-    /// Watches the plugin file until `shutdown`, swapping in each new valid
-    /// version.
-    pub(crate) async fn watch(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Installs `stable` and `canary` (as the fleet's versions say), moving
+    /// the generation on only when something changed: lanes switch at
+    /// their next boundary, as in a hot swap. A canary of the same candidate
+    /// and slice keeps its counters. `since` is when the change began here
+    /// (its fetch and compile included), for the log line.
+    pub(crate) async fn set(
+        &self,
+        stable: Arc<Plugin>,
+        canary: Option<(Arc<Plugin>, KeySlice)>,
+        origin: &str,
+        since: Instant,
+    ) {
+        let _one_at_a_time = self.swapping.lock().await;
+        let now = self.versions();
+        let same_stable = now.stable.digest() == stable.digest();
+        let kept = match (&now.canary, &canary) {
+            (Some(c), Some((p, slice))) if c.plugin.digest() == p.digest() && c.slice == *slice => {
+                Some(Some(c.clone()))
+            }
+            (None, None) => Some(None),
+            _ => None,
+        };
+        if same_stable && kept.is_some() {
+            return;
+        }
+        let canary = match kept {
+            Some(kept) => kept,
+            None => canary.map(|(plugin, slice)| {
+                Canary::new(plugin, slice, &self.telemetry, self.subscription.as_str())
+            }),
+        };
+        let (old, new) = (now.stable.digest().clone(), stable.digest().clone());
+        let old_candidate = now.canary.as_ref().map(|c| c.plugin.digest().clone());
+        let new_candidate = canary
+            .as_ref()
+            .map(|c| (c.plugin.digest().clone(), c.slice));
+        self.install(Versions { stable, canary });
+        let live_after_ms = since.elapsed().as_millis() as u64;
+        let sub = &self.subscription;
+        match (old_candidate, new_candidate) {
+            (Some(candidate), None) if candidate == new => tracing::info!(
+                subscription = %sub, origin, old = %old, new = %new, live_after_ms,
+                "canary promoted: every key goes to the candidate"
+            ),
+            (Some(_), None) if same_stable => tracing::info!(
+                subscription = %sub, origin, old = %old, new = %new, live_after_ms,
+                "canary rolled back: every key goes to the stable version"
+            ),
+            (_, Some((candidate, slice))) if same_stable => tracing::info!(
+                subscription = %sub, origin, stable = %new, candidate = %candidate,
+                key_fraction = slice.fraction(), live_after_ms,
+                "canary started: keys in the slice go to the candidate from each lane's next record or batch"
+            ),
+            _ => tracing::info!(
+                subscription = %sub, origin, old = %old, new = %new, live_after_ms,
+                "plugin swapped: lanes switch at their next record or batch"
+            ),
+        }
+    }
+
+    /// Watches the plugin file until `shutdown`, sending the bytes of each
+    /// change to `changed` (the fleet's versions decide what runs; see
+    /// `crate::rollout`).
+    pub(crate) async fn watch(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+        changed: mpsc::Sender<(Vec<u8>, Instant)>,
+    ) {
         let (tx, mut rx) = mpsc::channel::<()>(16);
         let file_name = self.path.file_name().map(|n| n.to_owned());
         let watched = file_name.clone();
@@ -435,14 +382,12 @@ impl PluginSlot {
                     continue;
                 }
             };
-            let swapped = tokio::select! {
+            if &PluginDigest::of(&bytes) == self.current().digest() {
+                continue;
+            }
+            tokio::select! {
                 _ = shutdown.cancelled() => return,
-                swapped = self.swap(bytes, "file") => swapped,
-            };
-            if let Ok(report) = swapped
-                && report.changed
-            {
-                tracing::info!(subscription = %self.subscription, since_file_change_ms = detected.elapsed().as_millis() as u64, "plugin file change is live");
+                sent = changed.send((bytes, detected)) => if sent.is_err() { return },
             }
         }
     }

@@ -32,3 +32,4 @@ mod packaging;
 mod pipeline;
 mod state;
 mod traces;
+mod versions;

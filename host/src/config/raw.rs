@@ -23,8 +23,16 @@ pub(super) struct RawConfig {
     pub(super) lease: RawLease,
     #[serde(default)]
     pub(super) traces: RawTraces,
+    #[serde(default)]
+    pub(super) artifacts: RawArtifacts,
     #[serde(default, rename = "subscription")]
     pub(super) subscriptions: Vec<RawSubscription>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawArtifacts {
+    pub(super) location: Option<String>,
 }
 
 #[derive(Deserialize, Default)]

@@ -18,9 +18,9 @@ use super::raw::{
     RawAdmin, RawAws, RawConfig, RawEngine, RawLease, RawMetrics, RawSubscription, RawTraces,
 };
 use super::{
-    AdminConfig, AssumeRole, AwsConfig, AwsTimeouts, Config, ConfigError, EmfConfig, EmfTarget,
-    LeaseBackend, LeaseConfig, LeaseStoreKind, OnFailure, SubscriptionConfig, TracesConfig,
-    default_cache_dir, defaults, parse_size,
+    AdminConfig, ArtifactLocation, AssumeRole, AwsConfig, AwsTimeouts, Config, ConfigError,
+    EmfConfig, EmfTarget, LeaseBackend, LeaseConfig, LeaseStoreKind, OnFailure, SubscriptionConfig,
+    TracesConfig, default_cache_dir, defaults, parse_size,
 };
 
 mod subscription;
@@ -55,7 +55,18 @@ impl Validator<'_> {
         self.stream_arns(&aws, &subscriptions)?;
         self.state_fits(&lease, &subscriptions)?;
         let traces = self.traces(&raw.traces)?;
+        let artifacts = raw
+            .artifacts
+            .location
+            .as_deref()
+            .map(|l| {
+                let base = self.file.parent().unwrap_or(Path::new("."));
+                ArtifactLocation::parse(l, base)
+                    .map_err(|e| self.invalid("artifacts.location", e.to_string()))
+            })
+            .transpose()?;
         Ok(Config {
+            artifacts,
             emf,
             traces,
             compile_cache,

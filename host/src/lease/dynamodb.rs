@@ -27,6 +27,9 @@
 //! added as instances start, and earlier versions skip them (their
 //! planner only looks at the stream's shard ids).
 //!
+//! A subscription's fleet versions are one item of the same table (see
+//! the `versions` submodule).
+//!
 //! Per-key state lives in the same table, in items whose keys no lease can
 //! have, committed with the checkpoint (see the `state` submodule).
 //!
@@ -54,6 +57,7 @@ use aws_sdk_dynamodb::types::{
 
 mod error;
 mod state;
+mod versions;
 
 use error::{classify, failed};
 
@@ -356,6 +360,21 @@ impl DynamoDbLeaseStore {
 
 #[async_trait]
 impl LeaseStore for DynamoDbLeaseStore {
+    async fn read_versions(
+        &self,
+        subscription: &SubscriptionName,
+    ) -> Result<Option<crate::versions::FleetVersions>, LeaseError> {
+        self.get_versions(subscription).await
+    }
+
+    async fn write_versions(
+        &self,
+        subscription: &SubscriptionName,
+        next: &crate::versions::FleetVersions,
+    ) -> Result<(), LeaseError> {
+        self.put_versions(subscription, next).await
+    }
+
     async fn survey(
         &self,
         subscription: &SubscriptionName,

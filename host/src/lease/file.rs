@@ -27,6 +27,11 @@
 //! skip what arrived while the host was down (`start = "latest"`); moving the
 //! file away is the operator's decision.
 //!
+//! A subscription's fleet versions ([`crate::versions`]) live in a third
+//! table, `versions`, keyed by subscription, each value the JSON document;
+//! a write checks the revision and stores the new value in one write
+//! transaction.
+//!
 //! Heartbeats (see [`super`]) are kept in memory: only this process can
 //! open the file, so no other instance ever reads them, and leases an
 //! earlier process left are released at open, not judged by heartbeat.
@@ -46,9 +51,11 @@ use super::{
 use crate::cause::Cause;
 use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
+use crate::versions::FleetVersions;
 
 const LEASES: TableDefinition<&str, &str> = TableDefinition::new("leases");
 const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
+const VERSIONS: TableDefinition<&str, &str> = TableDefinition::new("versions");
 const SEP: char = '\u{1f}';
 
 /// The stored form of one lease.
@@ -267,6 +274,57 @@ fn write_in(table: &mut redb::Table<&str, &str>, lease: &Lease) -> Result<(), Le
 
 #[async_trait]
 impl LeaseStore for FileLeaseStore {
+    async fn read_versions(
+        &self,
+        subscription: &SubscriptionName,
+    ) -> Result<Option<FleetVersions>, LeaseError> {
+        let db = self.db.clone();
+        let key = subscription.to_string();
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read().map_err(store_error)?;
+            let table = match txn.open_table(VERSIONS) {
+                Ok(table) => table,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(store_error(e)),
+            };
+            let found = table.get(key.as_str()).map_err(store_error)?;
+            found
+                .map(|v| serde_json::from_str(v.value()).map_err(store_error))
+                .transpose()
+        })
+        .await
+        .map_err(store_error)?
+    }
+
+    async fn write_versions(
+        &self,
+        subscription: &SubscriptionName,
+        next: &FleetVersions,
+    ) -> Result<(), LeaseError> {
+        let db = self.db.clone();
+        let subscription = subscription.clone();
+        let value = serde_json::to_string(next).map_err(store_error)?;
+        let next = next.clone();
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_write().map_err(store_error)?;
+            {
+                let mut table = txn.open_table(VERSIONS).map_err(store_error)?;
+                let current: Option<FleetVersions> = table
+                    .get(subscription.as_str())
+                    .map_err(store_error)?
+                    .map(|v| serde_json::from_str(v.value()).map_err(store_error))
+                    .transpose()?;
+                rules::write_versions(current.as_ref(), &subscription, &next)?;
+                table
+                    .insert(subscription.as_str(), value.as_str())
+                    .map_err(store_error)?;
+            }
+            txn.commit().map_err(store_error)
+        })
+        .await
+        .map_err(store_error)?
+    }
+
     async fn survey(
         &self,
         subscription: &SubscriptionName,
@@ -579,5 +637,50 @@ mod tests {
         assert_eq!(held.checkpoint, Some(cp));
         store.release(&held).await.unwrap();
         assert_eq!(store.read(&key("s-1")).await.unwrap().unwrap().owner, None);
+    }
+}
+
+#[cfg(test)]
+mod versions_tests {
+    use super::*;
+    use crate::ids::PluginDigest;
+    use crate::lease::{VersionsUpdateError, update_versions};
+    use crate::versions::{Command, VersionsError};
+
+    /// Catches: fleet versions that do not survive a restart (a restarted
+    /// host would run its config's plugin again, undoing a deploy), a
+    /// write over a revision it was not made from (two deploys at once
+    /// interleaving), or one subscription's versions read as another's.
+    #[tokio::test]
+    async fn versions_survive_reopen_and_writes_are_conditional() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = SubscriptionName::from("app");
+        let (one, two) = (PluginDigest::of(b"one"), PluginDigest::of(b"two"));
+        {
+            let store = FileLeaseStore::open(dir.path()).unwrap();
+            assert_eq!(store.read_versions(&app).await.unwrap(), None);
+            let first = update_versions(&store, &app, Command::Deploy(one.clone()), "t")
+                .await
+                .unwrap();
+            // A value made from revision 0 again is refused: the store
+            // holds revision 1.
+            let stale = FleetVersions::default()
+                .apply(Command::Deploy(two.clone()), "t", 0)
+                .unwrap();
+            assert!(matches!(
+                store.write_versions(&app, &stale).await,
+                Err(LeaseError::VersionsChanged(_))
+            ));
+            assert_eq!(store.read_versions(&app).await.unwrap(), Some(first));
+            // The rules refuse through the helper too, and nothing is written.
+            assert!(matches!(
+                update_versions(&store, &app, Command::Deploy(one.clone()), "t").await,
+                Err(VersionsUpdateError::Refused(VersionsError::Unchanged(_)))
+            ));
+        }
+        let store = FileLeaseStore::open(dir.path()).unwrap();
+        let back = store.read_versions(&app).await.unwrap().unwrap();
+        assert_eq!((back.revision, back.stable), (1, Some(one)));
+        assert_eq!(store.read_versions(&"other".into()).await.unwrap(), None);
     }
 }

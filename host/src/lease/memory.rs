@@ -14,6 +14,7 @@ use super::{
 };
 use crate::ids::{OwnerId, PartitionKey, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
+use crate::versions::FleetVersions;
 
 /// Leases (and state) in maps behind one std mutex: every operation is a
 /// short, purely in-memory critical section, never held across an
@@ -28,6 +29,7 @@ struct Inner {
     leases: BTreeMap<LeaseKey, Lease>,
     state: BTreeMap<(SubscriptionName, PartitionKey), Vec<u8>>,
     heartbeats: BTreeMap<(SubscriptionName, StreamName, OwnerId), Heartbeat>,
+    versions: BTreeMap<SubscriptionName, FleetVersions>,
 }
 
 impl MemoryLeaseStore {
@@ -63,6 +65,25 @@ impl MemoryLeaseStore {
 
 #[async_trait]
 impl LeaseStore for MemoryLeaseStore {
+    async fn read_versions(
+        &self,
+        subscription: &SubscriptionName,
+    ) -> Result<Option<FleetVersions>, LeaseError> {
+        Ok(self.with_all(|inner| inner.versions.get(subscription).cloned()))
+    }
+
+    async fn write_versions(
+        &self,
+        subscription: &SubscriptionName,
+        next: &FleetVersions,
+    ) -> Result<(), LeaseError> {
+        self.with_all(|inner| {
+            rules::write_versions(inner.versions.get(subscription), subscription, next)?;
+            inner.versions.insert(subscription.clone(), next.clone());
+            Ok(())
+        })
+    }
+
     async fn survey(
         &self,
         subscription: &SubscriptionName,
@@ -261,5 +282,125 @@ mod tests {
                 .len(),
             1
         );
+    }
+}
+
+#[cfg(test)]
+mod versions_tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::ids::PluginDigest;
+    use crate::lease::update_versions;
+    use crate::versions::{Action, Command};
+
+    /// The memory store, where another writer's change lands just before
+    /// this one's first write.
+    struct Racing {
+        inner: MemoryLeaseStore,
+        raced: AtomicBool,
+    }
+
+    #[async_trait]
+    impl LeaseStore for Racing {
+        async fn read_versions(
+            &self,
+            subscription: &SubscriptionName,
+        ) -> Result<Option<FleetVersions>, LeaseError> {
+            self.inner.read_versions(subscription).await
+        }
+
+        async fn write_versions(
+            &self,
+            subscription: &SubscriptionName,
+            next: &FleetVersions,
+        ) -> Result<(), LeaseError> {
+            if !self.raced.swap(true, Ordering::SeqCst) {
+                let theirs = Command::Deploy(PluginDigest::of(b"theirs"));
+                update_versions(&self.inner, subscription, theirs, "other")
+                    .await
+                    .unwrap();
+            }
+            self.inner.write_versions(subscription, next).await
+        }
+
+        async fn survey(&self, _: &SubscriptionName, _: &StreamName) -> Result<Survey, LeaseError> {
+            unreachable!()
+        }
+        async fn heartbeat(
+            &self,
+            _: &SubscriptionName,
+            _: &StreamName,
+            _: &OwnerId,
+            _: &Load,
+        ) -> Result<Heartbeat, LeaseError> {
+            unreachable!()
+        }
+        async fn retire_heartbeat(
+            &self,
+            _: &SubscriptionName,
+            _: &StreamName,
+            _: &OwnerId,
+            _: u64,
+        ) -> Result<(), LeaseError> {
+            unreachable!()
+        }
+        async fn read(&self, _: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+            unreachable!()
+        }
+        async fn acquire(
+            &self,
+            _: &LeaseKey,
+            _: &OwnerId,
+            _: Option<&Lease>,
+        ) -> Result<HeldLease, LeaseError> {
+            unreachable!()
+        }
+        async fn renew(&self, _: &HeldLease) -> Result<HeldLease, LeaseError> {
+            unreachable!()
+        }
+        async fn request_handoff(&self, _: &Lease, _: &OwnerId) -> Result<(), LeaseError> {
+            unreachable!()
+        }
+        async fn checkpoint(
+            &self,
+            _: &HeldLease,
+            _: &Checkpoint,
+            _: &[StateWrite],
+        ) -> Result<HeldLease, LeaseError> {
+            unreachable!()
+        }
+        async fn load_state(
+            &self,
+            _: &SubscriptionName,
+            _: &PartitionKey,
+        ) -> Result<Option<Vec<u8>>, LeaseError> {
+            unreachable!()
+        }
+        async fn release(&self, _: &HeldLease) -> Result<(), LeaseError> {
+            unreachable!()
+        }
+    }
+
+    /// Catches: a change that overwrites another landed between its read
+    /// and its write (the loop must read again and apply on top of it, so
+    /// both are in the history, in the order they landed).
+    #[tokio::test]
+    async fn a_change_raced_by_another_is_applied_on_top_of_it() {
+        let store = Racing {
+            inner: MemoryLeaseStore::new(),
+            raced: AtomicBool::new(false),
+        };
+        let app = SubscriptionName::from("app");
+        let ours = PluginDigest::of(b"ours");
+        update_versions(&store, &app, Command::Shadow(ours.clone()), "me")
+            .await
+            .unwrap();
+        let v = store.read_versions(&app).await.unwrap().unwrap();
+        assert_eq!(v.revision, 2);
+        assert_eq!(v.stable, Some(PluginDigest::of(b"theirs")));
+        assert_eq!(v.shadow, Some(ours));
+        let actions: Vec<_> = v.history.iter().map(|c| c.action).collect();
+        assert_eq!(actions, [Action::Deploy, Action::Shadow]);
     }
 }

@@ -26,7 +26,8 @@ use super::limits::{BODY_READ_TIMEOUT, CONNECTION_LIFETIME, LogGate, capped};
 use super::{LOG_INTERVAL, MAX_PLUGIN_UPLOAD, OpsState, Routes, status_page};
 use crate::ids::SubscriptionName;
 use crate::key_slice::KeySlice;
-use crate::swap::CanaryError;
+use crate::rollout::RolloutError;
+use crate::versions::{Command, VersionsError};
 
 /// Longest a read-only request may take: they answer from memory.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -213,31 +214,48 @@ async fn rollback(State(ctx): State<Ctx>, Path(name): Path<String>) -> Response 
 }
 
 async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
-    let Some(slot) = ctx.state.slots.get(&SubscriptionName::from(name)) else {
+    let Some(rollout) = ctx.state.rollouts.get(&SubscriptionName::from(name)) else {
         return text(
             StatusCode::NOT_FOUND,
             format!("no subscription named {:?}\n", capped(name)),
         );
     };
+    // Every write changes the fleet's versions in the lease store, so
+    // whichever instance answers, every instance sharing the store follows.
+    let started = Instant::now();
+    let old = rollout.running();
     let done = match action {
-        Admin::Swap(upload) => slot
-            .swap(upload, "admin API")
-            .await
-            .map_err(CanaryError::from),
-        Admin::Canary(upload, slice) => slot.start_canary(upload, slice, "admin API").await,
-        Admin::Promote => slot.promote("admin API").await,
-        Admin::Rollback => slot.rollback("admin API").await,
+        Admin::Swap(upload) => rollout.deploy(upload, None, "admin API").await,
+        Admin::Canary(upload, slice) => rollout.deploy(upload, Some(slice), "admin API").await,
+        Admin::Promote => rollout.change(Command::Promote, "admin API").await,
+        Admin::Rollback => rollout.change(Command::DropCanary, "admin API").await,
+    };
+    let report = |new: String| {
+        axum::Json(Report {
+            changed: new != old,
+            old: old.clone(),
+            new,
+            live_after_ms: started.elapsed().as_millis(),
+        })
+        .into_response()
     };
     match done {
-        Ok(report) => axum::Json(Report {
-            old: report.old.to_string(),
-            new: report.new.to_string(),
-            changed: report.changed,
-            live_after_ms: report.live_after.as_millis(),
-        })
-        .into_response(),
-        Err(e @ CanaryError::NoCanary(_)) => text(StatusCode::CONFLICT, format!("{e}\n")),
-        Err(CanaryError::Plugin(e)) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")),
+        Ok(versions) => {
+            // A canary reports its candidate; anything else the stable version.
+            let new = versions
+                .canary
+                .as_ref()
+                .map(|c| c.candidate.to_string())
+                .or_else(|| versions.stable.as_ref().map(ToString::to_string))
+                .unwrap_or_default();
+            report(new)
+        }
+        Err(RolloutError::Refused(VersionsError::Unchanged(_))) => report(old.clone()),
+        Err(e @ RolloutError::Refused(_)) => text(StatusCode::CONFLICT, format!("{e}\n")),
+        Err(e @ RolloutError::Plugin(_)) => {
+            text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n"))
+        }
+        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     }
 }
 

@@ -108,6 +108,28 @@ pub fn tools_python() -> anyhow::Result<PathBuf> {
 pub mod guests {
     use super::*;
 
+    /// A copy of the component at `path` with a custom section naming
+    /// `tag` appended, in `dir`: the same behaviour under another digest
+    /// (a "new version" for deploy tests). A component may hold custom
+    /// sections anywhere among its sections.
+    ///
+    /// # Errors
+    /// When the file cannot be read or the copy written.
+    pub fn variant(path: &Path, tag: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+        let mut bytes = std::fs::read(path)?;
+        let name = b"shardlane-test";
+        let payload_len = 1 + name.len() + tag.len();
+        anyhow::ensure!(payload_len < 128 && name.len() < 128, "tag too long");
+        bytes.push(0); // custom section id
+        bytes.push(payload_len as u8);
+        bytes.push(name.len() as u8);
+        bytes.extend_from_slice(name);
+        bytes.extend_from_slice(tag.as_bytes());
+        let out = dir.join(format!("variant-{tag}.wasm"));
+        std::fs::write(&out, bytes)?;
+        Ok(out)
+    }
+
     /// Paths of every guest the tests use.
     #[derive(Debug, Clone)]
     pub struct Guests {

@@ -84,6 +84,21 @@ struct Store {
 
 #[async_trait]
 impl LeaseStore for Store {
+    async fn read_versions(
+        &self,
+        subscription: &SubscriptionName,
+    ) -> Result<Option<crate::versions::FleetVersions>, LeaseError> {
+        self.inner.read_versions(subscription).await
+    }
+
+    async fn write_versions(
+        &self,
+        subscription: &SubscriptionName,
+        next: &crate::versions::FleetVersions,
+    ) -> Result<(), LeaseError> {
+        self.inner.write_versions(subscription, next).await
+    }
+
     async fn survey(
         &self,
         subscription: &SubscriptionName,

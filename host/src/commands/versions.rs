@@ -1,0 +1,176 @@
+//! `shardlane deploy`, `versions`, `promote` and `rollback`: a
+//! subscription's fleet versions ([`crate::versions`]) changed or read
+//! through its lease store, the bytes kept in its artifact store
+//! ([`crate::artifacts`]). Every instance sharing the store follows within
+//! a poll (see `crate::rollout`); nothing here talks to an instance.
+//!
+//! A deploy validates the component against the contract first (it
+//! compiles and links as the host would run it, and its world fits the
+//! subscription's `batch_size`), stores the bytes, then records the
+//! change: a failure at any step records nothing.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+
+use crate::config::{Config, LeaseBackend, SubscriptionConfig};
+use crate::files::{self, MAX_PLUGIN_BYTES};
+use crate::ids::PluginDigest;
+use crate::lease::{LeaseStore, update_versions};
+use crate::plugin::World;
+use crate::supervisor::{open_artifacts, open_store, plugin_host};
+use crate::versions::{CanaryRules, Command, FleetVersions, check_fraction};
+
+fn subscription<'a>(config: &'a Config, name: &str) -> anyhow::Result<&'a SubscriptionConfig> {
+    config
+        .subscriptions
+        .iter()
+        .find(|s| s.name.as_str() == name)
+        .with_context(|| format!("no subscription named {name:?} in the config"))
+}
+
+/// Who made a change, in the history.
+fn by() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".to_owned());
+    format!("cli@{host}")
+}
+
+/// The lease store, refusing the memory store (it lives inside the
+/// running process, where the admin API changes it).
+async fn store(config: &Config, sub: &SubscriptionConfig) -> anyhow::Result<Arc<dyn LeaseStore>> {
+    if matches!(config.lease.store, LeaseBackend::Memory) {
+        bail!(
+            "subscription {:?} uses the memory lease store, which lives inside the running host: use its admin API (PUT /subscriptions/{}/plugin)",
+            sub.name.as_str(),
+            sub.name
+        );
+    }
+    open_store(config).await
+}
+
+/// `shardlane deploy`: `plugin` becomes the fleet's stable version of
+/// `subscription` (or, with `canary`, a candidate on that fraction of the
+/// keys). Returns the new versions.
+///
+/// # Errors
+/// One line naming what is wrong: the subscription, the file, the
+/// component (not one, or the wrong world), the artifact store (none
+/// configured for a shared store, a missing bucket or registry), the
+/// rules (a canary already running), the lease store. Nothing is recorded
+/// then.
+pub async fn deploy(
+    config: &Config,
+    subscription_name: &str,
+    plugin: &Path,
+    canary: Option<f64>,
+) -> anyhow::Result<FleetVersions> {
+    let sub = subscription(config, subscription_name)?;
+    if let Some(fraction) = canary {
+        check_fraction(fraction).context("--canary")?;
+    }
+    let bytes = files::read_regular(plugin, MAX_PLUGIN_BYTES)
+        .with_context(|| format!("cannot read plugin {}", plugin.display()))?;
+    let host = plugin_host(config, None)?;
+    let loaded = host
+        .load_bytes(
+            plugin,
+            &bytes,
+            sub.name.clone(),
+            sub.handler_timeout,
+            sub.sandbox.clone(),
+        )
+        .with_context(|| {
+            format!(
+                "plugin {} is not a version of {}",
+                plugin.display(),
+                sub.name
+            )
+        })?;
+    match (loaded.world(), sub.batch) {
+        (World::BatchHandler, None) => bail!(
+            "plugin {} implements batch-handler, but subscription {} has no batch_size: its instances run record handlers",
+            plugin.display(),
+            sub.name
+        ),
+        (World::RecordHandler, Some(_)) => bail!(
+            "plugin {} implements record-handler, but subscription {} has batch_size set: its instances run batch handlers",
+            plugin.display(),
+            sub.name
+        ),
+        _ => {}
+    }
+    let Some(artifacts) = open_artifacts(config).await else {
+        bail!(
+            "the config has no [artifacts] location: the fleet's instances could not fetch the new version (set location = \"s3://bucket/prefix\", \"oci://registry/repository\" or a shared folder)"
+        );
+    };
+    let store = store(config, sub).await?;
+    let digest = artifacts.store(bytes).await.with_context(|| {
+        format!(
+            "cannot store plugin {} in {}",
+            plugin.display(),
+            artifacts.location()
+        )
+    })?;
+    let command = match canary {
+        None => Command::Deploy(digest),
+        Some(key_fraction) => Command::Canary {
+            candidate: digest,
+            key_fraction,
+            rules: CanaryRules::default(),
+        },
+    };
+    Ok(update_versions(&*store, &sub.name, command, &by()).await?)
+}
+
+/// `shardlane versions`: the fleet's versions of `subscription` and their
+/// history; `None` before the first instance started.
+///
+/// # Errors
+/// No such subscription; the lease store cannot be read.
+pub async fn versions(
+    config: &Config,
+    subscription_name: &str,
+) -> anyhow::Result<Option<FleetVersions>> {
+    let sub = subscription(config, subscription_name)?;
+    let store = store(config, sub).await?;
+    Ok(store.read_versions(&sub.name).await?)
+}
+
+/// `shardlane promote`: the canary's candidate becomes the stable version.
+///
+/// # Errors
+/// No canary runs; no such subscription; the lease store fails.
+pub async fn promote(config: &Config, subscription_name: &str) -> anyhow::Result<FleetVersions> {
+    change(config, subscription_name, Command::Promote).await
+}
+
+/// `shardlane rollback`: drops a running canary; without one, sets the
+/// stable version back to `to` (by default the one before it).
+///
+/// # Errors
+/// Nothing to roll back to, a version never deployed, a canary running
+/// while `to` is named; no such subscription; the lease store fails.
+pub async fn rollback(
+    config: &Config,
+    subscription_name: &str,
+    to: Option<&str>,
+) -> anyhow::Result<FleetVersions> {
+    let to = to.map(PluginDigest::parse).transpose().context("--to")?;
+    change(config, subscription_name, Command::Rollback { to }).await
+}
+
+async fn change(
+    config: &Config,
+    subscription_name: &str,
+    command: Command,
+) -> anyhow::Result<FleetVersions> {
+    let sub = subscription(config, subscription_name)?;
+    let store = store(config, sub).await?;
+    Ok(update_versions(&*store, &sub.name, command, &by()).await?)
+}

@@ -1,0 +1,96 @@
+//! A subscription's fleet versions ([`crate::versions`]) in the lease
+//! table: one item per subscription, in a partition no lease group can
+//! have (stream names cannot hold `!`), so no sync's Query reads it and an
+//! earlier version of the host never sees it.
+//!
+//! | attribute | type | role |
+//! |---|---|---|
+//! | `lease_group` | S | `<subscription>#!versions` |
+//! | `shard_id` | S | `-` |
+//! | `revision` | N | the value's revision: every write is conditional on it |
+//! | `doc` | S | the value, as JSON (at most [`HISTORY_KEPT`] history entries: well under the 400 KB an item holds) |
+//!
+//! A write is a PutItem conditional on the item's absence (revision 1) or
+//! on `revision` being the one the new value was made from; a failed
+//! condition is [`LeaseError::VersionsChanged`]. Reads are strongly
+//! consistent: an instance that just wrote reads its own write.
+//!
+//! [`HISTORY_KEPT`]: crate::versions::HISTORY_KEPT
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::error::{Kind, failed, kind};
+use super::{DynamoDbLeaseStore, GROUP, SHARD, n, s};
+use crate::cause::Cause;
+use crate::ids::SubscriptionName;
+use crate::lease::LeaseError;
+use crate::versions::FleetVersions;
+
+const REVISION: &str = "revision";
+const DOC: &str = "doc";
+
+fn key(subscription: &SubscriptionName) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (GROUP.to_owned(), s(&format!("{subscription}#!versions"))),
+        (SHARD.to_owned(), s("-")),
+    ])
+}
+
+impl DynamoDbLeaseStore {
+    pub(super) async fn get_versions(
+        &self,
+        subscription: &SubscriptionName,
+    ) -> Result<Option<FleetVersions>, LeaseError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key(subscription)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(failed)?;
+        let Some(item) = output.item() else {
+            return Ok(None);
+        };
+        let doc = item.get(DOC).and_then(|v| v.as_s().ok()).ok_or_else(|| {
+            LeaseError::Store(format!("the versions of {subscription}: no {DOC} attribute").into())
+        })?;
+        serde_json::from_str(doc)
+            .map(Some)
+            .map_err(|e| LeaseError::Store(Cause::new(e)))
+    }
+
+    pub(super) async fn put_versions(
+        &self,
+        subscription: &SubscriptionName,
+        next: &FleetVersions,
+    ) -> Result<(), LeaseError> {
+        let doc = serde_json::to_string(next).map_err(|e| LeaseError::Store(Cause::new(e)))?;
+        let mut item = key(subscription);
+        item.insert(REVISION.to_owned(), n(next.revision));
+        item.insert(DOC.to_owned(), s(&doc));
+        let request = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .expression_attribute_names("#r", REVISION);
+        let request = if next.revision <= 1 {
+            request.condition_expression("attribute_not_exists(#r)")
+        } else {
+            request
+                .condition_expression("#r = :seen")
+                .expression_attribute_values(":seen", n(next.revision - 1))
+        };
+        match request.send().await {
+            Ok(_) => Ok(()),
+            Err(e) if kind(&e) == Some(Kind::ConditionFailed) => {
+                Err(LeaseError::VersionsChanged(subscription.clone()))
+            }
+            Err(e) => Err(failed(e)),
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! The rollout stage: makes this instance run what its subscription's
+//! fleet versions ([`crate::versions`], kept in the lease store) say, and
+//! turns every local way of changing a version — the config at start, the
+//! plugin file changing, the admin API — into a change of those versions,
+//! so the whole fleet follows whichever instance it reached.
+//!
+//! # Converging
+//! Every [`POLL`] (2 s), and at once after a change made here, the stage
+//! reads the subscription's versions (one strongly consistent read: one
+//! GetItem on DynamoDB, 30 a minute per instance and subscription) and,
+//! when they differ from what the plugin slot runs, gets each version it
+//! names — compiled already (the last [`KEPT`] versions stay compiled, so a
+//! rollback is immediate), or fetched from the artifact store
+//! ([`crate::artifacts`], which checks the digest) and compiled off the
+//! hot path — and installs them together in the slot. Lanes switch at
+//! their next record or batch boundary, exactly as in a hot swap, so no
+//! record is lost or handled twice because of a change. An instance
+//! follows a change within a poll plus the fetch and compile: about 2–3 s
+//! for a component compiled before (the compile cache), more for one
+//! compiled for the first time.
+//!
+//! A version that cannot be had — missing from the store, other bytes
+//! under its digest, too large, not a valid plugin — is never run: the
+//! slot keeps what it runs, `shardlane_version_failures_total` counts the
+//! failure, one line a minute at most says which version and why, and the
+//! next poll tries again. Records keep flowing through the running
+//! version meanwhile.
+//!
+//! # At start
+//! Before the pipeline reads anything: the config's `plugin` (and its
+//! `canary`) are declared — stored in the artifact store and recorded, if
+//! the fleet has never seen those bytes (see "Which wins" in
+//! [`crate::versions`]) — then the stage converges once, so an instance
+//! that starts or restarts runs what the store says from its first record.
+//!
+//! Floor 10 (wiring) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use std::time::Instant;
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::artifacts::{ArtifactError, ArtifactStore};
+use crate::ids::{PluginDigest, SubscriptionName};
+use crate::key_slice::KeySlice;
+use crate::lease::{LeaseError, LeaseStore, VersionsUpdateError, update_versions};
+use crate::logging::LogGate;
+use crate::plugin::{Plugin, PluginError};
+use crate::swap::PluginSlot;
+use crate::telemetry::{Counter, Telemetry};
+use crate::versions::{Command, FleetVersions, VersionsError};
+
+/// How often an instance reads its subscriptions' fleet versions.
+pub(crate) const POLL: Duration = Duration::from_secs(2);
+
+/// Compiled versions kept at hand (the running ones and the latest
+/// before them), so rolling back needs no fetch.
+const KEPT: usize = 8;
+
+/// How often a version that cannot be had is logged.
+const PROBLEM_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Why a change or a convergence did not happen.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RolloutError {
+    /// The bytes are not a valid plugin for this subscription.
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    /// The rules refused the change.
+    #[error(transparent)]
+    Refused(#[from] VersionsError),
+    /// The lease store failed.
+    #[error(transparent)]
+    Store(#[from] LeaseError),
+    /// The artifact store failed, or holds other bytes.
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    /// A version neither compiled here nor in an artifact store.
+    #[error(
+        "{0} is not on this instance and no [artifacts] location is configured to fetch it from"
+    )]
+    Unavailable(PluginDigest),
+    /// A stored key fraction that is not one.
+    #[error("the fleet's canary has key fraction {0}, which is not one")]
+    Fraction(f64),
+}
+
+impl From<VersionsUpdateError> for RolloutError {
+    fn from(e: VersionsUpdateError) -> Self {
+        match e {
+            VersionsUpdateError::Refused(e) => Self::Refused(e),
+            VersionsUpdateError::Store(e) => Self::Store(e),
+        }
+    }
+}
+
+/// One subscription's rollout stage (see the module docs).
+pub(crate) struct Rollout {
+    subscription: SubscriptionName,
+    /// Who this instance is, in the history.
+    by: String,
+    store: Arc<dyn LeaseStore>,
+    artifacts: Option<Arc<dyn ArtifactStore>>,
+    slot: Arc<PluginSlot>,
+    /// Compiled versions, oldest first.
+    known: Mutex<VecDeque<Arc<Plugin>>>,
+    /// Converge now (a change was made here).
+    wake: Notify,
+    problem_log: Mutex<LogGate>,
+    failures: Counter,
+}
+
+impl Rollout {
+    /// The stage of `slot`'s subscription, owner `by`.
+    pub(crate) fn new(
+        slot: Arc<PluginSlot>,
+        store: Arc<dyn LeaseStore>,
+        artifacts: Option<Arc<dyn ArtifactStore>>,
+        by: String,
+        telemetry: &Telemetry,
+    ) -> Self {
+        let (stable, canary) = slot.running();
+        let subscription = stable.subscription().clone();
+        let failures = telemetry.counter(
+            "shardlane_version_failures_total",
+            "Times a version the fleet's versions name could not be fetched, checked or compiled here (the running version stays).",
+            &[("subscription", subscription.as_str())],
+        );
+        Self {
+            subscription,
+            by,
+            store,
+            artifacts,
+            slot,
+            known: Mutex::new(canary.into_iter().map(|(p, _)| p).chain([stable]).collect()),
+            wake: Notify::new(),
+            problem_log: Mutex::new(LogGate::every(PROBLEM_LOG_EVERY)),
+            failures,
+        }
+    }
+
+    /// The stable version's digest as it runs here.
+    pub(crate) fn running(&self) -> String {
+        self.slot.current().digest().to_string()
+    }
+
+    fn keep(&self, plugin: Arc<Plugin>) {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.retain(|p| p.digest() != plugin.digest());
+        known.push_back(plugin);
+        while known.len() > KEPT {
+            known.pop_front();
+        }
+    }
+
+    fn compiled(&self, digest: &PluginDigest) -> Option<Arc<Plugin>> {
+        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.iter().find(|p| p.digest() == digest).cloned()
+    }
+
+    /// The compiled version `digest`: kept here, or fetched and compiled.
+    async fn plugin(&self, digest: &PluginDigest) -> Result<Arc<Plugin>, RolloutError> {
+        if let Some(plugin) = self.compiled(digest) {
+            return Ok(plugin);
+        }
+        let artifacts = self
+            .artifacts
+            .as_ref()
+            .ok_or_else(|| RolloutError::Unavailable(digest.clone()))?;
+        let bytes = artifacts.fetch(digest).await?;
+        let plugin = self
+            .slot
+            .prepare(
+                bytes,
+                &format!("{} ({})", artifacts.location(), digest.short()),
+            )
+            .await?;
+        self.keep(plugin.clone());
+        Ok(plugin)
+    }
+
+    /// Validates `bytes` (so nothing invalid is ever recorded), keeps them
+    /// compiled, and stores them in the artifact store for the fleet.
+    async fn publish(&self, bytes: Vec<u8>, origin: &str) -> Result<PluginDigest, RolloutError> {
+        let plugin = self.slot.prepare(bytes.clone(), origin).await?;
+        let digest = plugin.digest().clone();
+        self.keep(plugin);
+        if let Some(artifacts) = &self.artifacts {
+            artifacts.store(bytes).await?;
+        }
+        Ok(digest)
+    }
+
+    /// Applies `command` to the fleet's versions and converges at once.
+    ///
+    /// # Errors
+    /// The rules' refusal or the store's failure; nothing changed then.
+    pub(crate) async fn change(
+        &self,
+        command: Command,
+        origin: &str,
+    ) -> Result<FleetVersions, RolloutError> {
+        let by = format!("{origin} on {}", self.by);
+        let versions = update_versions(&*self.store, &self.subscription, command, &by).await?;
+        self.converge_now().await;
+        Ok(versions)
+    }
+
+    /// A new stable version (or, with `canary`, a candidate on that slice
+    /// of the keys) from `bytes`, for the whole fleet.
+    ///
+    /// # Errors
+    /// Invalid bytes, a refused change, a failed store.
+    pub(crate) async fn deploy(
+        &self,
+        bytes: Vec<u8>,
+        canary: Option<KeySlice>,
+        origin: &str,
+    ) -> Result<FleetVersions, RolloutError> {
+        let digest = self.publish(bytes, origin).await?;
+        let command = match canary {
+            None => Command::Deploy(digest),
+            Some(slice) => Command::Canary {
+                candidate: digest,
+                key_fraction: slice.fraction(),
+                rules: crate::versions::CanaryRules::default(),
+            },
+        };
+        self.change(command, origin).await
+    }
+
+    /// Converges, logging what fails; the poll loop and local changes call
+    /// it.
+    async fn converge_now(&self) {
+        match self.converge().await {
+            Ok(()) => {}
+            Err(e) => {
+                self.failures.inc();
+                let gate = self
+                    .problem_log
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .note(std::time::Instant::now());
+                if let Some(suppressed) = gate {
+                    let running = self.slot.current().digest().clone();
+                    tracing::error!(subscription = %self.subscription, error = %e, running = %running, suppressed, "cannot run the fleet's versions; the running version stays (logged at most once a minute)");
+                }
+            }
+        }
+    }
+
+    /// Makes the slot run what the fleet's versions say (nothing when the
+    /// store has none yet).
+    ///
+    /// # Errors
+    /// The store unreadable, or a version that cannot be had: nothing
+    /// changes then.
+    pub(crate) async fn converge(&self) -> Result<(), RolloutError> {
+        let since = Instant::now();
+        let Some(versions) = self.store.read_versions(&self.subscription).await? else {
+            return Ok(());
+        };
+        let Some(stable) = &versions.stable else {
+            return Ok(());
+        };
+        let stable = self.plugin(stable).await?;
+        let canary = match &versions.canary {
+            Some(c) => Some((
+                self.plugin(&c.candidate).await?,
+                KeySlice::new(c.key_fraction).ok_or(RolloutError::Fraction(c.key_fraction))?,
+            )),
+            None => None,
+        };
+        self.slot.set(stable, canary, "fleet versions", since).await;
+        Ok(())
+    }
+
+    /// Start-up (see "At start" in the module docs): declares the config's
+    /// plugin (and `canary` on `slice`), then converges once.
+    pub(crate) async fn start(&self, config_canary: Option<KeySlice>) {
+        let (stable, canary) = self.slot.running();
+        let declared = self
+            .declare(Command::Declare(stable.digest().clone()), &stable)
+            .await;
+        if let (Some((candidate, _)), Some(slice)) = (canary, config_canary) {
+            let command = Command::DeclareCanary {
+                candidate: candidate.digest().clone(),
+                key_fraction: slice.fraction(),
+            };
+            self.declare(command, &candidate).await;
+        }
+        self.converge_now().await;
+        let running = self.slot.current();
+        if !declared && running.digest() != stable.digest() {
+            tracing::warn!(subscription = %self.subscription, config = %stable.digest(), running = %running.digest(), "the config's plugin was declared before and the fleet has moved on: running the fleet's version (`shardlane versions` shows the history; deploy or roll back to change it)");
+        }
+    }
+
+    /// Records a config's version; false when it was declared before (or
+    /// could not be recorded: logged).
+    async fn declare(&self, command: Command, plugin: &Plugin) -> bool {
+        if let Some(artifacts) = &self.artifacts {
+            // The file as it was compiled (it may have changed since: then
+            // the file watcher deploys the new bytes).
+            let path = plugin.path().to_owned();
+            let read = tokio::task::spawn_blocking(move || {
+                crate::files::read_regular(&path, crate::files::MAX_PLUGIN_BYTES)
+            })
+            .await;
+            match read {
+                Ok(Ok(bytes)) if PluginDigest::of(&bytes) == *plugin.digest() => {
+                    if let Err(e) = artifacts.store(bytes).await {
+                        tracing::error!(subscription = %self.subscription, error = %e, "cannot store the config's plugin in the artifact store; other instances cannot fetch it");
+                    }
+                }
+                _ => {}
+            }
+        }
+        match update_versions(
+            &*self.store,
+            &self.subscription,
+            command,
+            &format!("config on {}", self.by),
+        )
+        .await
+        {
+            Ok(_) => true,
+            Err(VersionsUpdateError::Refused(VersionsError::Unchanged(_))) => false,
+            Err(e) => {
+                tracing::error!(subscription = %self.subscription, error = %e, "cannot record the config's plugin in the fleet's versions");
+                false
+            }
+        }
+    }
+
+    /// Converges every [`POLL`] and after each local change, and declares
+    /// each change of the plugin file, until `shutdown`.
+    pub(crate) async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let (changed_tx, mut changed) = mpsc::channel(4);
+        let watcher = tokio::spawn(self.slot.clone().watch(shutdown.clone(), changed_tx));
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => self.converge_now().await,
+                () = self.wake.notified() => self.converge_now().await,
+                file = changed.recv() => match file {
+                    Some((bytes, detected)) => self.file_changed(bytes, detected).await,
+                    None => break,
+                },
+            }
+        }
+        let _ = watcher.await;
+    }
+
+    async fn file_changed(&self, bytes: Vec<u8>, detected: Instant) {
+        let digest = match self.publish(bytes, "file").await {
+            Ok(digest) => digest,
+            Err(e) => {
+                tracing::error!(subscription = %self.subscription, error = %e, "plugin file changed but is refused; the running version stays");
+                return;
+            }
+        };
+        match self.change(Command::Deploy(digest), "file").await {
+            Ok(_) => {
+                tracing::info!(subscription = %self.subscription, since_file_change_ms = detected.elapsed().as_millis() as u64, "plugin file change is live");
+            }
+            Err(e) => {
+                tracing::error!(subscription = %self.subscription, error = %e, "plugin file changed but the change was not recorded; the running version stays");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

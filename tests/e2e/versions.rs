@@ -1,0 +1,276 @@
+//! Versions are fleet state: `shardlane deploy`, `rollback` and
+//! `versions` against a fleet of three on one dynalite lease table, the
+//! bytes in a folder artifact store; bad input refused with one line and
+//! nothing recorded. Bounded in time, on loopback.
+
+use std::path::Path;
+use std::process::Output;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use shardlane::PluginDigest;
+use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
+
+use crate::common::{field, guest_lines, shardlane_bin};
+use crate::leases::{QUICK_LEASES, check_all_handled, dynamodb_config, env, handled, producer};
+
+/// The config of one host of the fleet, with the artifact store `artifacts`.
+fn config(owner: &str, table: &str, stream: &str, plugin: &Path, artifacts: &Path) -> String {
+    let artifacts = format!("\n[artifacts]\nlocation = \"{}\"\n", artifacts.display());
+    dynamodb_config(owner, table, stream, plugin, QUICK_LEASES, &artifacts)
+}
+
+/// Runs `shardlane <args>` with `env`.
+fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = std::process::Command::new(shardlane_bin());
+    command
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.output().unwrap()
+}
+
+/// The versions (short digests) the guest lines of `lines` were handled by.
+fn handled_by(lines: &[LogLine]) -> Vec<String> {
+    guest_lines(lines, "handled data=")
+        .iter()
+        .map(|l| field(l, "plugin").to_owned())
+        .collect()
+}
+
+/// Waits until every host handles a record with `digest` (a short one);
+/// returns how long that took.
+async fn all_run(hosts: &mut [&mut HostProcess], digest: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    for host in hosts.iter_mut() {
+        host.wait_for(&format!("a record handled by {digest}"), within, |lines| {
+            handled_by(lines).iter().any(|d| d == digest)
+        })
+        .await
+        .unwrap();
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deploy_reaches_the_fleet_survives_kill_9_and_rolls_back() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dynalite = Dynalite::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let stream = unique_name("deploy");
+    let table = unique_name("leases");
+    kinesis.create_stream(&stream, 4).await.unwrap();
+    let artifacts = dir.path().join("artifacts");
+    let v2 = guests::variant(&guests.retry, "v2", dir.path()).unwrap();
+    let (v1_digest, v2_digest) = (
+        PluginDigest::of(&std::fs::read(&guests.retry).unwrap()),
+        PluginDigest::of(&std::fs::read(&v2).unwrap()),
+    );
+    let env = env(&kinesis, &dynalite);
+    let (stop, producer) = producer(&kinesis, &stream, 16, 2);
+    let start = |name: &str| {
+        HostProcess::start_with(
+            shardlane_bin(),
+            &config(name, &table, &stream, &guests.retry, &artifacts),
+            &env,
+        )
+        .unwrap()
+    };
+    let (mut a, mut b, mut c) = (start("a"), start("b"), start("c"));
+    let v1 = v1_digest.short().to_owned();
+    all_run(&mut [&mut a, &mut b, &mut c], &v1, Duration::from_secs(60)).await;
+
+    // The operator's config: the same file the fleet runs.
+    let cli_config = dir.path().join("operator.toml");
+    std::fs::write(
+        &cli_config,
+        config("operator", &table, &stream, &guests.retry, &artifacts),
+    )
+    .unwrap();
+    let cli_config = cli_config.to_str().unwrap();
+    let out = cli(
+        &[
+            "deploy",
+            "--config",
+            cli_config,
+            "--subscription",
+            "fleet",
+            v2.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v2s = v2_digest.short().to_owned();
+    let took = all_run(&mut [&mut a, &mut b, &mut c], &v2s, Duration::from_secs(30)).await;
+    eprintln!(
+        "deploy: the whole fleet of three runs the new version {took:?} after the command returned"
+    );
+
+    // kill -9 one; a restart with the config's (older) plugin runs the
+    // deployed version from its first record.
+    c.kill9().unwrap();
+    let mut c2 = start("c");
+    c2.wait_for(
+        "records handled after the restart",
+        Duration::from_secs(60),
+        |lines| !handled_by(lines).is_empty(),
+    )
+    .await
+    .unwrap();
+    let restarted = handled_by(&c2.lines());
+    assert!(
+        restarted.iter().all(|d| *d == v2s),
+        "the restarted instance ran its config's plugin: {restarted:?}"
+    );
+
+    // A rollback: every instance back on the first version.
+    let out = cli(
+        &[
+            "rollback",
+            "--config",
+            cli_config,
+            "--subscription",
+            "fleet",
+        ],
+        &env,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let took = all_run(&mut [&mut a, &mut b, &mut c2], &v1, Duration::from_secs(30)).await;
+    eprintln!("rollback: the whole fleet back {took:?} after the command returned");
+
+    let out = cli(
+        &[
+            "versions",
+            "--config",
+            cli_config,
+            "--subscription",
+            "fleet",
+        ],
+        &env,
+    );
+    let table_text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        table_text.contains(&format!("stable:  {v1_digest}")),
+        "{table_text}"
+    );
+    for action in ["declared", "deploy", "rollback"] {
+        assert!(
+            table_text.contains(action),
+            "{action} missing: {table_text}"
+        );
+    }
+
+    stop.store(true, Ordering::SeqCst);
+    let put = producer.await.unwrap();
+    a.wait_for("everything handled", Duration::from_secs(60), |lines| {
+        let mut seen: std::collections::HashSet<String> =
+            handled(lines).into_iter().map(|(d, _, _)| d).collect();
+        for h in [&b, &c, &c2] {
+            seen.extend(handled(&h.lines()).into_iter().map(|(d, _, _)| d));
+        }
+        put.iter().all(|d| seen.contains(d))
+    })
+    .await
+    .unwrap();
+    for host in [&mut a, &mut b, &mut c2] {
+        assert!(host.terminate().await.unwrap().success());
+    }
+    check_all_handled(&put, &[&a, &b, &c, &c2]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_deploys_get_one_line_and_record_nothing() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dynalite = Dynalite::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let stream = unique_name("baddeploy");
+    let table = unique_name("leases");
+    kinesis.create_stream(&stream, 1).await.unwrap();
+    let env = env(&kinesis, &dynalite);
+    let artifacts = dir.path().join("artifacts");
+    let with = dir.path().join("with.toml");
+    std::fs::write(
+        &with,
+        config("cli", &table, &stream, &guests.retry, &artifacts),
+    )
+    .unwrap();
+    let without = dir.path().join("without.toml");
+    std::fs::write(
+        &without,
+        dynamodb_config("cli", &table, &stream, &guests.retry, QUICK_LEASES, ""),
+    )
+    .unwrap();
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"not a component").unwrap();
+    let (with, without) = (with.to_str().unwrap(), without.to_str().unwrap());
+    let retry = guests.retry.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["deploy", "-c", with, "-s", "fleet", junk.to_str().unwrap()],
+            "junk.wasm",
+        ),
+        (
+            &[
+                "deploy",
+                "-c",
+                with,
+                "-s",
+                "fleet",
+                guests.batch.to_str().unwrap(),
+            ],
+            "batch-handler",
+        ),
+        (
+            &["deploy", "-c", with, "-s", "nobody", retry],
+            "no subscription named \"nobody\"",
+        ),
+        (
+            &["deploy", "-c", without, "-s", "fleet", retry],
+            "[artifacts] location",
+        ),
+        (
+            &[
+                "deploy", "-c", with, "-s", "fleet", "--canary", "1.5", retry,
+            ],
+            "key fraction 1.5",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = cli(args, &env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: one line: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    // Nothing was recorded.
+    let out = cli(&["versions", "-c", with, "-s", "fleet"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("no fleet versions yet"), "{text}");
+    let out = cli(&["rollback", "-c", with, "-s", "fleet"], &env);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no version has been deployed yet"));
+}
