@@ -7,10 +7,11 @@
 #   - the wasm32-wasip2 Rust target (every guest);
 #   - Debian's chromium (status-page test), clang-19, lld-19,
 #     libclang-rt-19-dev-wasm32 and wasi-libc (C guests), podman, buildah
-#     and runc (the container image test), with apt-get
-#     (as root, or through sudo);
+#     and runc (the container image test), docker-registry (an OCI registry
+#     for the artifact-store tests), with apt-get (as root, or through sudo);
 #   - the npm emulators pinned in tests/emulators/package-lock.json;
-#   - the Python test tools pinned in tests/tools/requirements.txt (a venv);
+#   - the Python test tools pinned in tests/tools/requirements.txt (a venv;
+#     moto's S3 server among them);
 #   - the example plugins of every language (Python's componentize-py and
 #     JavaScript's componentize-js come with their build scripts).
 # Arguments are passed to `cargo test --workspace` (e.g. `-- faults::`).
@@ -20,8 +21,8 @@ cd "$(dirname "$0")/.."
 echo "--- toolchain: wasm32-wasip2 target"
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 
-echo "--- Debian packages: headless Chromium (status page test), clang/lld 19 + wasi-libc (C guests), podman/buildah/runc (container image test)"
-packages=(chromium clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc podman buildah runc)
+echo "--- Debian packages: headless Chromium (status page test), clang/lld 19 + wasi-libc (C guests), podman/buildah/runc (container image test), docker-registry (OCI artifact store test)"
+packages=(chromium clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc podman buildah runc docker-registry)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -51,7 +51,7 @@ use crate::lease::{LeaseError, LeaseStore, VersionsUpdateError, update_versions}
 use crate::logging::LogGate;
 use crate::plugin::{Plugin, PluginError};
 use crate::swap::PluginSlot;
-use crate::telemetry::{Counter, Telemetry};
+use crate::telemetry::{Counter, SubscriptionStatus, Telemetry};
 use crate::versions::{Command, FleetVersions, VersionsError};
 
 /// How often an instance reads its subscriptions' fleet versions.
@@ -112,6 +112,7 @@ pub(crate) struct Rollout {
     wake: Notify,
     problem_log: Mutex<LogGate>,
     failures: Counter,
+    status: Arc<SubscriptionStatus>,
 }
 
 impl Rollout {
@@ -125,6 +126,7 @@ impl Rollout {
     ) -> Self {
         let (stable, canary) = slot.running();
         let subscription = stable.subscription().clone();
+        let subscription_name = subscription.clone();
         let failures = telemetry.counter(
             "shardlane_version_failures_total",
             "Times a version the fleet's versions name could not be fetched, checked or compiled here (the running version stays).",
@@ -140,6 +142,7 @@ impl Rollout {
             wake: Notify::new(),
             problem_log: Mutex::new(LogGate::every(PROBLEM_LOG_EVERY)),
             failures,
+            status: telemetry.subscription(&subscription_name, String::new()),
         }
     }
 
@@ -237,9 +240,13 @@ impl Rollout {
     /// it.
     async fn converge_now(&self) {
         match self.converge().await {
-            Ok(()) => {}
+            Ok(()) => self.status.set_version_problem(None),
             Err(e) => {
                 self.failures.inc();
+                self.status.set_version_problem(Some(format!(
+                    "the fleet's versions cannot run here; running {}: {e}",
+                    self.slot.current().digest().short()
+                )));
                 let gate = self
                     .problem_log
                     .lock()
@@ -264,6 +271,7 @@ impl Rollout {
         let Some(versions) = self.store.read_versions(&self.subscription).await? else {
             return Ok(());
         };
+        self.status.set_history(&versions.history);
         let Some(stable) = &versions.stable else {
             return Ok(());
         };

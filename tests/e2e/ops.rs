@@ -369,6 +369,11 @@ async fn metrics_readiness_and_the_status_page() {
         "a lag and a records chart per shard, a calls chart, the version's two and a chart per lane:\n{dom}"
     );
     assert!(dom.contains("<polyline"), "{dom}");
+    // The fleet's version history: the config's plugin, declared at start.
+    assert!(
+        dom.contains("<tr class=\"change\">") && dom.contains("<td>declared</td>"),
+        "{dom}"
+    );
     assert!(
         dom.contains("<tr class=\"version stable\" data-role=\"stable\">"),
         "{dom}"

@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use shardlane::PluginDigest;
-use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
+use shardlane_testkit::{
+    Dynalite, HostProcess, Kinesis, LogLine, Registry, S3Emulator, guests, unique_name,
+};
 
 use crate::common::{field, guest_lines, shardlane_bin};
 use crate::leases::{QUICK_LEASES, check_all_handled, dynamodb_config, env, handled, producer};
@@ -273,4 +275,201 @@ async fn bad_deploys_get_one_line_and_record_nothing() {
     let out = cli(&["rollback", "-c", with, "-s", "fleet"], &env);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no version has been deployed yet"));
+}
+
+/// Replaces the blob of a version in an artifact store, behind its back.
+enum Tamper<'a> {
+    S3(&'a S3Emulator, &'a str),
+    Oci(&'a Registry),
+}
+
+impl Tamper<'_> {
+    async fn put(&self, digest: &PluginDigest, bytes: Vec<u8>) {
+        match self {
+            Self::S3(s3, bucket) => s3
+                .put(
+                    bucket,
+                    &format!("orders/sha256-{}.wasm", digest.hex()),
+                    bytes,
+                )
+                .await
+                .unwrap(),
+            Self::Oci(registry) => std::fs::write(registry.blob_path(digest.hex()), bytes).unwrap(),
+        }
+    }
+}
+
+/// A deploy through the artifact store at `location` reaches a host; a
+/// version whose blob holds other bytes is never run, and runs once the
+/// right bytes are back; a missing bucket or registry is one line.
+async fn through_an_artifact_store(
+    location: &str,
+    extra_env: &[(&str, &str)],
+    tamper: Tamper<'_>,
+    missing: &str,
+) {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dynalite = Dynalite::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let stream = unique_name("artifacts");
+    let table = unique_name("leases");
+    kinesis.create_stream(&stream, 2).await.unwrap();
+    let mut env: Vec<(&str, &str)> = env(&kinesis, &dynalite).to_vec();
+    env.extend_from_slice(extra_env);
+    let config = |owner: &str, location: &str| {
+        let artifacts = format!("\n[artifacts]\nlocation = \"{location}\"\n");
+        dynamodb_config(
+            owner,
+            &table,
+            &stream,
+            &guests.retry,
+            QUICK_LEASES,
+            &artifacts,
+        )
+    };
+    let cli_config = dir.path().join("operator.toml");
+    std::fs::write(&cli_config, config("operator", location)).unwrap();
+    let cli_config = cli_config.to_str().unwrap();
+    let (stop, producer) = producer(&kinesis, &stream, 8, 1);
+    let mut host = HostProcess::start_with(shardlane_bin(), &config("a", location), &env).unwrap();
+    let v1 = PluginDigest::of(&std::fs::read(&guests.retry).unwrap());
+    all_run(&mut [&mut host], v1.short(), Duration::from_secs(60)).await;
+
+    let v2 = guests::variant(&guests.retry, "v2", dir.path()).unwrap();
+    let out = cli(
+        &[
+            "deploy",
+            "-c",
+            cli_config,
+            "-s",
+            "fleet",
+            v2.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v2 = PluginDigest::of(&std::fs::read(&v2).unwrap());
+    let took = all_run(&mut [&mut host], v2.short(), Duration::from_secs(30)).await;
+    eprintln!("{location}: deployed and running {took:?} after the command returned");
+
+    // Stopped; v3 deployed, then its blob replaced by another valid
+    // component's bytes: the restarted host never runs it.
+    assert!(host.terminate().await.unwrap().success());
+    let v3_path = guests::variant(&guests.retry, "v3", dir.path()).unwrap();
+    let v3_bytes = std::fs::read(&v3_path).unwrap();
+    let v3 = PluginDigest::of(&v3_bytes);
+    let out = cli(
+        &[
+            "deploy",
+            "-c",
+            cli_config,
+            "-s",
+            "fleet",
+            v3_path.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tamper.put(&v3, std::fs::read(&guests.echo).unwrap()).await;
+    let mut again = HostProcess::start_with(shardlane_bin(), &config("a", location), &env).unwrap();
+    again
+        .wait_for(
+            "the refusal of the replaced blob",
+            Duration::from_secs(60),
+            |lines| {
+                lines.iter().any(|l| {
+                    field(l, "message").starts_with("cannot run the fleet's versions")
+                        && field(l, "error").contains(&v3.to_string())
+                })
+            },
+        )
+        .await
+        .unwrap();
+    let before = handled_by(&again.lines()).len();
+    again
+        .wait_for(
+            "records handled meanwhile",
+            Duration::from_secs(30),
+            |lines| handled_by(lines).len() > before + 5,
+        )
+        .await
+        .unwrap();
+    assert!(
+        !handled_by(&again.lines()).contains(&v3.short().to_owned()),
+        "the replaced blob ran"
+    );
+    // The right bytes back: it runs within a poll.
+    tamper.put(&v3, v3_bytes).await;
+    all_run(&mut [&mut again], v3.short(), Duration::from_secs(30)).await;
+
+    // A bucket or registry that is not there: one line, nothing recorded.
+    let wrong = dir.path().join("wrong.toml");
+    std::fs::write(&wrong, config("operator", missing)).unwrap();
+    let v4 = guests::variant(&guests.retry, "v4", dir.path()).unwrap();
+    let out = cli(
+        &[
+            "deploy",
+            "-c",
+            wrong.to_str().unwrap(),
+            "-s",
+            "fleet",
+            v4.to_str().unwrap(),
+        ],
+        &env,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("cannot store plugin"), "{stderr}");
+    let out = cli(&["versions", "-c", cli_config, "-s", "fleet"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("stable:  {v3}")), "{text}");
+
+    stop.store(true, Ordering::SeqCst);
+    let put = producer.await.unwrap();
+    again
+        .wait_for("everything handled", Duration::from_secs(60), |lines| {
+            let mut seen: std::collections::HashSet<String> =
+                handled(lines).into_iter().map(|(d, _, _)| d).collect();
+            seen.extend(handled(&host.lines()).into_iter().map(|(d, _, _)| d));
+            put.iter().all(|d| seen.contains(d))
+        })
+        .await
+        .unwrap();
+    assert!(again.terminate().await.unwrap().success());
+    check_all_handled(&put, &[&host, &again]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn versions_travel_through_s3_checked_by_digest() {
+    let s3 = S3Emulator::start().await.unwrap();
+    s3.create_bucket("team-artifacts").await.unwrap();
+    through_an_artifact_store(
+        "s3://team-artifacts/orders",
+        &[("AWS_ENDPOINT_URL_S3", s3.endpoint())],
+        Tamper::S3(&s3, "team-artifacts"),
+        "s3://no-such-bucket/orders",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn versions_travel_through_an_oci_registry_checked_by_digest() {
+    let registry = Registry::start().await.unwrap();
+    let location = format!("oci+http://{}/team/orders", registry.authority());
+    // A port nothing listens on: a registry that is not there.
+    let missing = format!(
+        "oci+http://127.0.0.1:{}/team/orders",
+        shardlane_testkit::free_port()
+    );
+    through_an_artifact_store(&location, &[], Tamper::Oci(&registry), &missing).await;
 }

@@ -121,6 +121,15 @@
         row.append(cell(new Date(c.at_ms).toISOString()), cell(c.shard), cell(c.from ?? "—"), cell(c.to ?? "—"));
         return row;
       }));
+      set(section, ".version-problem", sub.version_problem ?? "");
+      section.querySelector("table.history tbody").replaceChildren(...sub.history.map((c) => {
+        const row = document.createElement("tr");
+        row.className = "change";
+        const version = cell(c.digest.slice(0, 19));
+        version.title = c.digest;
+        row.append(cell(new Date(c.at_ms).toISOString()), cell(c.action.replaceAll("_", "-")), version, cell(c.by), cell(c.note));
+        return row;
+      }));
     }
     set(document, "#updated", `updated ${new Date(t).toISOString()}`);
   };

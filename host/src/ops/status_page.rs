@@ -38,6 +38,10 @@ struct SubscriptionSnapshot {
     shards: Vec<ShardSnapshot>,
     lanes: Vec<LaneSnapshot>,
     lease_changes: Vec<LeaseChangeSnapshot>,
+    /// The latest entries of the fleet's version history, newest first.
+    history: Vec<crate::versions::Change>,
+    /// Why the fleet's versions do not run here, while they do not.
+    version_problem: Option<String>,
 }
 
 #[derive(serde::Serialize)]
@@ -109,6 +113,8 @@ pub(super) fn snapshot(state: &OpsState) -> Snapshot {
                     .map(|(lane, calls)| LaneSnapshot { lane, calls })
                     .collect(),
                 lease_changes: status.lease_changes().into_iter().map(Into::into).collect(),
+                history: status.history(),
+                version_problem: status.version_problem(),
             })
             .collect(),
     }
@@ -174,6 +180,11 @@ fn subscription(html: &mut String, name: &str, status: &SubscriptionStatus) {
             escape(&canary)
         );
     }
+    let _ = write!(
+        html,
+        "<p class=\"version-problem\">{}</p>",
+        escape(&status.version_problem().unwrap_or_default())
+    );
     html.push_str("<table class=\"versions\"><tr><th>version</th><th>digest</th><th>records/s</th><th>ack</th><th>retry</th><th>reject</th><th>failed</th><th>not acked, last 5 min</th></tr>");
     for v in status.versions() {
         let o = v.outcomes;
@@ -225,6 +236,21 @@ fn subscription(html: &mut String, name: &str, status: &SubscriptionStatus) {
             escape(&c.shard),
             escape(c.from.as_deref().unwrap_or("—")),
             escape(c.to.as_deref().unwrap_or("—")),
+        );
+    }
+    html.push_str("</tbody></table><h3>version history (latest first)</h3><table class=\"history\"><thead><tr><th>when</th><th>action</th><th>version</th><th>by</th><th>note</th></tr></thead><tbody>");
+    for c in status.history() {
+        let _ = write!(
+            html,
+            "<tr class=\"change\"><td>{}</td><td>{}</td><td><code title=\"{d}\">{}</code></td><td>{}</td><td>{}</td></tr>",
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(c.at_ms)
+            ),
+            c.action.label(),
+            escape(c.digest.short()),
+            escape(&c.by),
+            escape(&c.note),
+            d = escape(&c.digest.to_string()),
         );
     }
     html.push_str("</tbody></table></section>");

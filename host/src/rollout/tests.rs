@@ -168,9 +168,29 @@ async fn other_bytes_under_a_digest_are_never_run_and_the_running_version_stays(
         "{}",
         b_telemetry.render()
     );
-    // Not a plugin at all: refused the same way.
+    // Other bytes that are not a plugin at all: refused the same way.
     std::fs::write(&blob, b"not wasm").unwrap();
     assert!(b.converge().await.is_err());
+    // A version whose own bytes (digest and all) are not a plugin: never
+    // run either.
+    let junk = artifacts.store(b"not a component".to_vec()).await.unwrap();
+    let fleet = update_versions(&*store, &"s".into(), Command::Rollback { to: None }, "t")
+        .await
+        .unwrap();
+    assert_eq!(
+        fleet.stable.as_ref(),
+        Some(&PluginDigest::of(&guest(&guests.noop)))
+    );
+    let junk_fleet = fleet.apply(Command::Deploy(junk), "t", 0).unwrap();
+    store
+        .write_versions(&"s".into(), &junk_fleet)
+        .await
+        .unwrap();
+    assert!(matches!(b.converge().await, Err(RolloutError::Plugin(_))));
+    assert_eq!(b_slot.current().digest(), &running);
+    update_versions(&*store, &"s".into(), Command::Deploy(digest.clone()), "t")
+        .await
+        .unwrap();
     // The right bytes back: it runs.
     std::fs::write(&blob, &retry).unwrap();
     b.converge().await.unwrap();

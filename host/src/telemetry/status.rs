@@ -215,6 +215,9 @@ impl Coverage {
     }
 }
 
+/// Entries of the fleet's version history the status page shows.
+pub(crate) const HISTORY_SHOWN: usize = 10;
+
 /// A subscription as the status page and `/readyz` see it (module docs).
 #[derive(Debug, Default)]
 pub(crate) struct SubscriptionStatus {
@@ -225,6 +228,10 @@ pub(crate) struct SubscriptionStatus {
     shards: Mutex<BTreeMap<ShardId, ShardStatus>>,
     lanes: Mutex<BTreeMap<u32, Counter>>,
     lease_changes: Mutex<VecDeque<LeaseChange>>,
+    /// The latest entries of the fleet's version history, newest first.
+    history: Mutex<Vec<crate::versions::Change>>,
+    /// Why the fleet's versions do not run here, while they do not.
+    version_problem: Mutex<Option<String>>,
     synced: AtomicBool,
     coverage: Mutex<Coverage>,
 }
@@ -387,6 +394,37 @@ impl SubscriptionStatus {
     pub(crate) fn set_versions(&self, digest: String, canary: Option<CanaryView>) {
         *self.digest.lock().unwrap_or_else(|e| e.into_inner()) = digest;
         *self.canary.lock().unwrap_or_else(|e| e.into_inner()) = canary;
+    }
+
+    /// The fleet's version history as last read: the page shows the
+    /// latest [`HISTORY_SHOWN`] entries.
+    pub(crate) fn set_history(&self, history: &[crate::versions::Change]) {
+        let latest = history.iter().rev().take(HISTORY_SHOWN).cloned().collect();
+        *self.history.lock().unwrap_or_else(|e| e.into_inner()) = latest;
+    }
+
+    /// Why the fleet's versions cannot run here (`None`: they do).
+    pub(crate) fn set_version_problem(&self, problem: Option<String>) {
+        *self
+            .version_problem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = problem;
+    }
+
+    /// The latest entries of the fleet's version history, newest first.
+    pub(crate) fn history(&self) -> Vec<crate::versions::Change> {
+        self.history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Why the fleet's versions do not run here, while they do not.
+    pub(crate) fn version_problem(&self) -> Option<String> {
+        self.version_problem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     // What the page and /readyz read.

@@ -438,3 +438,175 @@ fn dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
         .build();
     aws_sdk_dynamodb::Client::from_conf(config)
 }
+
+/// Whether an HTTP server answers `GET path` at `authority` with `status`.
+async fn answers(authority: &str, path: &str, status: u16) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(authority).await else {
+        return false;
+    };
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).await.is_ok()
+        && head.starts_with(b"HTTP/1.")
+        && head[9..12] == *status.to_string().as_bytes()
+}
+
+/// moto in server mode (from the tools venv), serving S3 on loopback.
+pub struct S3Emulator {
+    process: EmulatorProcess,
+}
+
+impl S3Emulator {
+    /// Starts moto's server on a free port and waits until it answers.
+    ///
+    /// # Errors
+    /// When the tools venv cannot be made or moto cannot start, with its
+    /// output.
+    pub async fn start() -> anyhow::Result<Self> {
+        let python = crate::tools_python()?;
+        let command = |port: u16| -> anyhow::Result<Command> {
+            let mut command = Command::new(&python);
+            command.args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ]);
+            Ok(command)
+        };
+        let probe = |endpoint: &str| {
+            let authority = endpoint.trim_start_matches("http://").to_owned();
+            move || {
+                let authority = authority.clone();
+                async move { answers(&authority, "/moto-api/", 200).await }
+            }
+        };
+        Ok(Self {
+            process: EmulatorProcess::start("moto-s3", command, probe).await?,
+        })
+    }
+
+    /// Its endpoint, for `AWS_ENDPOINT_URL_S3`.
+    pub fn endpoint(&self) -> &str {
+        &self.process.endpoint
+    }
+
+    /// What it printed so far.
+    pub fn output(&self) -> String {
+        self.process.output()
+    }
+
+    /// An SDK client for it (path-style, static test credentials).
+    pub fn client(&self) -> aws_sdk_s3::Client {
+        let config = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_s3::config::Credentials::new(
+                "test",
+                "test",
+                None,
+                None,
+                "shardlane-testkit",
+            ))
+            .endpoint_url(self.endpoint())
+            .force_path_style(true)
+            .build();
+        aws_sdk_s3::Client::from_conf(config)
+    }
+
+    /// Creates `bucket`.
+    ///
+    /// # Errors
+    /// When the emulator refuses.
+    pub async fn create_bucket(&self, bucket: &str) -> anyhow::Result<()> {
+        self.client().create_bucket().bucket(bucket).send().await?;
+        Ok(())
+    }
+
+    /// Writes `bytes` under `key` in `bucket` (to replace a blob).
+    ///
+    /// # Errors
+    /// When the emulator refuses.
+    pub async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> anyhow::Result<()> {
+        self.client()
+            .put_object()
+            .bucket(bucket)
+            .key(key)
+            .body(bytes.into())
+            .send()
+            .await?;
+        Ok(())
+    }
+}
+
+/// Debian's `docker-registry` (the CNCF distribution registry), serving an
+/// OCI registry on loopback over plain HTTP, its blobs in a temporary
+/// folder.
+pub struct Registry {
+    process: EmulatorProcess,
+    root: tempfile::TempDir,
+}
+
+impl Registry {
+    /// Starts the registry on a free port and waits until `/v2/` answers.
+    ///
+    /// # Errors
+    /// When `docker-registry` is missing (`tests/run.sh` installs it) or
+    /// cannot start, with its output.
+    pub async fn start() -> anyhow::Result<Self> {
+        let root = tempfile::tempdir()?;
+        let data = root.path().join("data");
+        let config_dir = root.path().to_owned();
+        let command = move |port: u16| -> anyhow::Result<Command> {
+            let config = config_dir.join(format!("config-{port}.yml"));
+            std::fs::write(
+                &config,
+                format!(
+                    "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                    data.display()
+                ),
+            )?;
+            let mut command = Command::new("docker-registry");
+            command.arg("serve").arg(config);
+            Ok(command)
+        };
+        let probe = |endpoint: &str| {
+            let authority = endpoint.trim_start_matches("http://").to_owned();
+            move || {
+                let authority = authority.clone();
+                async move { answers(&authority, "/v2/", 200).await }
+            }
+        };
+        let process = EmulatorProcess::start("docker-registry", command, probe)
+            .await
+            .context("the OCI registry (Debian's docker-registry; tests/run.sh installs it)")?;
+        Ok(Self { process, root })
+    }
+
+    /// `host:port`, for an `oci+http://` location.
+    pub fn authority(&self) -> &str {
+        self.process.endpoint.trim_start_matches("http://")
+    }
+
+    /// What it printed so far.
+    pub fn output(&self) -> String {
+        self.process.output()
+    }
+
+    /// Where the registry keeps the blob of `hex` (a sha256 digest's hex
+    /// digits), to replace it behind the registry's back.
+    pub fn blob_path(&self, hex: &str) -> PathBuf {
+        self.root
+            .path()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+}

@@ -27,7 +27,7 @@ pub mod procfs;
 pub mod proxy;
 pub mod recorder;
 
-pub use emulators::{Dynalite, Kinesis, emulators_dir};
+pub use emulators::{Dynalite, Kinesis, Registry, S3Emulator, emulators_dir};
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
