@@ -449,6 +449,9 @@ pub struct CanaryConfig {
     pub plugin: PathBuf,
     /// The keys it handles.
     pub slice: KeySlice,
+    /// When it rolls back or promotes by itself (none set: a person
+    /// decides).
+    pub rules: crate::versions::CanaryRules,
 }
 
 /// How a subscription reads its shards.

@@ -116,7 +116,7 @@ use async_trait::async_trait;
 use crate::cause::Cause;
 use crate::ids::{OwnerId, PartitionKey, SessionId, ShardId, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
-use crate::versions::{Command, FleetVersions, VersionsError};
+use crate::versions::{CanaryCounts, Command, FleetVersions, VersionsError};
 
 /// A checkpoint for the lease keeper to write, as settlement asks for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,6 +239,10 @@ pub struct Load {
     /// mean something (a shard just taken reads as quiet at first):
     /// nothing moves for load on an unsettled figure.
     pub settled: bool,
+    /// What the instance counted of its subscription's canary, while one
+    /// runs (summed over the fleet for the canary's rules; see
+    /// [`crate::versions::CanaryPlan::decide`]).
+    pub canary: Option<CanaryCounts>,
 }
 
 impl Load {
@@ -247,14 +251,18 @@ impl Load {
     pub const HOTTEST: usize = 16;
 
     /// The stored form: `{"total": 12.5, "hottest": [["shardId-1", 9.0]],
-    /// "settled": true}`.
+    /// "settled": true}`, with `"canary": {…}` while a canary runs (a
+    /// heartbeat stays well under one write unit, 1 KB).
     pub(crate) fn to_json(&self) -> String {
-        serde_json::json!({
+        let mut json = serde_json::json!({
             "total": self.total,
             "hottest": self.hottest.iter().map(|(s, r)| (s.as_str(), r)).collect::<Vec<_>>(),
             "settled": self.settled,
-        })
-        .to_string()
+        });
+        if let Some(canary) = &self.canary {
+            json["canary"] = serde_json::to_value(canary).unwrap_or_default();
+        }
+        json.to_string()
     }
 
     /// From the stored form; `None` when it does not parse.
@@ -265,6 +273,8 @@ impl Load {
             hottest: Vec<(String, f64)>,
             #[serde(default)]
             settled: bool,
+            #[serde(default)]
+            canary: Option<CanaryCounts>,
         }
         let wire: Wire = serde_json::from_str(text).ok()?;
         Some(Self {
@@ -275,6 +285,7 @@ impl Load {
                 .map(|(s, r)| (ShardId::new(s), r))
                 .collect(),
             settled: wire.settled,
+            canary: wire.canary,
         })
     }
 
@@ -624,4 +635,35 @@ pub(crate) async fn update_versions(
     Err(last
         .unwrap_or_else(|| LeaseError::VersionsChanged(subscription.clone()))
         .into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::PluginDigest;
+
+    /// Catches: a heartbeat that loses the canary counts it carries (the
+    /// fleet's canary would never be judged), or one from an earlier
+    /// version (no `canary`) that no longer parses (balancing by load
+    /// would stop during a rolling upgrade).
+    #[test]
+    fn a_heartbeats_load_keeps_its_canary_counts_and_reads_older_ones() {
+        let load = Load {
+            total: 12.5,
+            hottest: vec![(ShardId::from("s1"), 9.0)],
+            settled: true,
+            canary: Some(CanaryCounts {
+                candidate: Some(PluginDigest::of(b"v2")),
+                stable_records: 80,
+                stable_failures: 1,
+                candidate_records: 20,
+                candidate_failures: 4,
+            }),
+        };
+        let json = load.to_json();
+        assert!(json.len() < 1024, "one write unit: {json}");
+        assert_eq!(Load::from_json(&json), Some(load));
+        let older = Load::from_json(r#"{"total": 1.0, "hottest": [], "settled": true}"#).unwrap();
+        assert_eq!(older.canary, None);
+    }
 }

@@ -121,7 +121,8 @@ mod tests;
 
 pub use channel::CHANNEL_CAPACITY;
 pub use commands::{
-    Imported, deploy, deregister_consumer, import_kcl, promote, rollback, state_get, versions,
+    CanaryOptions, Imported, deploy, deregister_consumer, import_kcl, promote, rollback, state_get,
+    versions,
 };
 pub use config::{Config, defaults};
 pub use dispatch::LANE_INBOX;

@@ -98,6 +98,19 @@ enum Command {
         /// (0 to 1, both excluded) instead of making it the stable version.
         #[arg(long)]
         canary: Option<f64>,
+        /// With `--canary`: roll it back by itself once its failure rate
+        /// (retry, reject, trap, timeout) exceeds the stable version's by
+        /// more than this (0.05 = five points), fleet-wide.
+        #[arg(long, requires = "canary")]
+        rollback_on_failure_rate: Option<f64>,
+        /// With `--canary`: records it must have handled, fleet-wide,
+        /// before its rules judge it (default 100).
+        #[arg(long, requires = "canary")]
+        min_records: Option<u64>,
+        /// With `--canary`: promote it by itself after this long without a
+        /// rollback (e.g. 10m).
+        #[arg(long, requires = "canary", value_parser = humantime::parse_duration)]
+        promote_after: Option<std::time::Duration>,
         /// The plugin's .wasm file.
         plugin: PathBuf,
     },
@@ -187,9 +200,18 @@ fn main() -> ExitCode {
             config,
             subscription,
             canary,
+            rollback_on_failure_rate,
+            min_records,
+            promote_after,
             plugin,
         } => fleet(config, |c| async move {
-            let v = shardlane::deploy(&c, &subscription, &plugin, canary).await?;
+            let canary = canary.map(|key_fraction| shardlane::CanaryOptions {
+                key_fraction,
+                rollback_failure_rate: rollback_on_failure_rate,
+                min_records,
+                promote_after,
+            });
+            let v = shardlane::deploy(&c, &subscription, &plugin, canary.as_ref()).await?;
             Ok((v, "deployed"))
         }),
         Command::Versions {
@@ -339,10 +361,7 @@ fn validate(config_path: PathBuf) -> anyhow::Result<()> {
 
 fn deregister_consumer(config_path: PathBuf, subscription: &str) -> anyhow::Result<()> {
     let config = Config::load(&config_path)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = one_shot_runtime()?;
     let (stream, consumer, existed) =
         runtime.block_on(shardlane::deregister_consumer(&config, subscription))?;
     if existed {
@@ -353,6 +372,14 @@ fn deregister_consumer(config_path: PathBuf, subscription: &str) -> anyhow::Resu
     Ok(())
 }
 
+/// The runtime of a one-shot command: one thread.
+fn one_shot_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
 /// Runs a change of the fleet's versions and prints what runs now.
 fn fleet<F, Fut>(config_path: PathBuf, change: F) -> anyhow::Result<()>
 where
@@ -360,10 +387,7 @@ where
     Fut: std::future::Future<Output = anyhow::Result<(shardlane::FleetVersions, &'static str)>>,
 {
     let config = Config::load(&config_path)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = one_shot_runtime()?;
     let (versions, what) = runtime.block_on(change(config))?;
     println!(
         "{what} (revision {}): every instance sharing the lease store follows within seconds",
@@ -384,6 +408,20 @@ fn print_running(versions: &shardlane::FleetVersions) {
             canary.candidate,
             canary.key_fraction * 100.0
         );
+        let rules = &canary.rules;
+        if let Some(rate) = rules.rollback_failure_rate {
+            println!(
+                "         rolled back if it fails more than {:.1} points above the stable version (judged after {} records)",
+                rate * 100.0,
+                rules.min_records
+            );
+        }
+        if let Some(after) = rules.promote_after_ms {
+            println!(
+                "         promoted after {}",
+                humantime::format_duration(std::time::Duration::from_millis(after))
+            );
+        }
     }
     if let Some(shadow) = &versions.shadow {
         println!("shadow:  {shadow}");
@@ -392,10 +430,7 @@ fn print_running(versions: &shardlane::FleetVersions) {
 
 fn show_versions(config_path: PathBuf, subscription: &str) -> anyhow::Result<()> {
     let config = Config::load(&config_path)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = one_shot_runtime()?;
     let Some(versions) = runtime.block_on(shardlane::versions(&config, subscription))? else {
         println!(
             "subscription {subscription:?} has no fleet versions yet: they are recorded when its first instance starts"
@@ -424,10 +459,7 @@ fn show_versions(config_path: PathBuf, subscription: &str) -> anyhow::Result<()>
 
 fn state_get(config_path: PathBuf, subscription: &str, keys: &[String]) -> anyhow::Result<()> {
     let config = Config::load(&config_path)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = one_shot_runtime()?;
     let found = runtime.block_on(shardlane::state_get(&config, subscription, keys))?;
     let now = std::time::SystemTime::now();
     for (key, state) in found {
@@ -460,10 +492,7 @@ fn state_get(config_path: PathBuf, subscription: &str, keys: &[String]) -> anyho
 
 fn import_kcl(config_path: PathBuf, subscription: &str, table: &str) -> anyhow::Result<()> {
     let config = Config::load(&config_path)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = one_shot_runtime()?;
     let imported = runtime.block_on(shardlane::import_kcl(&config, subscription, table))?;
     for lease in &imported {
         match lease {

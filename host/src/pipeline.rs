@@ -213,7 +213,8 @@ impl Pipeline {
             status,
             telemetry,
         )
-        .with_state(state.map(|s| s as Arc<dyn CheckpointState>));
+        .with_state(state.map(|s| s as Arc<dyn CheckpointState>))
+        .with_canary_report(rollout.canary_report());
         Self {
             name: sub.name.clone(),
             shutdown_timeout: sub.shutdown_timeout,

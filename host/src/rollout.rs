@@ -26,6 +26,24 @@
 //! next poll tries again. Records keep flowing through the running
 //! version meanwhile.
 //!
+//! # A canary that decides
+//! A canary with rules (`rollback_failure_rate`, `min_records`,
+//! `promote_after`; see [`crate::versions::CanaryPlan::decide`]) is judged
+//! on the whole fleet's figures: each instance counts, since the canary
+//! began there, the records each version handled and how many failed
+//! (retry, reject, trap, timeout), and publishes them with its heartbeat
+//! (the rollout stage sets them at each poll; the keeper sends them every
+//! `renew_every`). Every [`DECIDE_EVERY`] each instance reads the
+//! heartbeats (one Query), sums the counts for the running candidate, and
+//! applies what the rules say as a change of the fleet's versions
+//! (`auto-rollback` or `auto-promote`, with the figures in the history, a
+//! log line and `shardlane_canary_decisions_total`). Any instance may
+//! decide; the change names its candidate and is written conditionally,
+//! so only the first lands and the others find nothing left to decide.
+//! The lanes switch at their next record or batch, as in a swap: nothing
+//! is lost or handled twice. A decision lags the fleet's counts by at
+//! most a heartbeat plus [`DECIDE_EVERY`].
+//!
 //! # At start
 //! Before the pipeline reads anything: the config's `plugin` (and its
 //! `canary`) are declared — stored in the artifact store and recorded, if
@@ -45,17 +63,22 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::{ArtifactError, ArtifactStore};
-use crate::ids::{PluginDigest, SubscriptionName};
+use crate::ids::{PluginDigest, StreamName, SubscriptionName};
 use crate::key_slice::KeySlice;
 use crate::lease::{LeaseError, LeaseStore, VersionsUpdateError, update_versions};
 use crate::logging::LogGate;
 use crate::plugin::{Plugin, PluginError};
 use crate::swap::PluginSlot;
 use crate::telemetry::{Counter, SubscriptionStatus, Telemetry};
-use crate::versions::{Command, FleetVersions, VersionsError};
+use crate::versions::{
+    CanaryCounts, CanaryReport, CanaryRules, Command, Decision, FleetVersions, VersionsError,
+};
 
 /// How often an instance reads its subscriptions' fleet versions.
 pub(crate) const POLL: Duration = Duration::from_secs(2);
+
+/// How often a canary with rules is judged (see "A canary that decides").
+pub(crate) const DECIDE_EVERY: Duration = Duration::from_secs(6);
 
 /// Compiled versions kept at hand (the running ones and the latest
 /// before them), so rolling back needs no fetch.
@@ -113,12 +136,19 @@ pub(crate) struct Rollout {
     problem_log: Mutex<LogGate>,
     failures: Counter,
     status: Arc<SubscriptionStatus>,
+    /// The stream the subscription reads (whose heartbeats carry the
+    /// fleet's canary counts).
+    stream: StreamName,
+    /// This instance's canary counts, for the heartbeat.
+    report: Arc<CanaryReport>,
+    decisions: [Counter; 2],
 }
 
 impl Rollout {
     /// The stage of `slot`'s subscription, owner `by`.
     pub(crate) fn new(
         slot: Arc<PluginSlot>,
+        stream: StreamName,
         store: Arc<dyn LeaseStore>,
         artifacts: Option<Arc<dyn ArtifactStore>>,
         by: String,
@@ -143,6 +173,74 @@ impl Rollout {
             problem_log: Mutex::new(LogGate::every(PROBLEM_LOG_EVERY)),
             failures,
             status: telemetry.subscription(&subscription_name, String::new()),
+            stream,
+            report: Arc::new(CanaryReport::default()),
+            decisions: ["rollback", "promote"].map(|d| {
+                telemetry.counter(
+                    "shardlane_canary_decisions_total",
+                    "Canaries rolled back or promoted by their rules (decision), as this instance applied them.",
+                    &[("subscription", subscription_name.as_str()), ("decision", d)],
+                )
+            }),
+        }
+    }
+
+    /// This instance's canary counts, for the keeper's heartbeat.
+    pub(crate) fn canary_report(&self) -> Arc<CanaryReport> {
+        self.report.clone()
+    }
+
+    /// Judges a canary with rules on the fleet's counts (see "A canary
+    /// that decides"); applies the decision.
+    async fn decide(&self) -> Result<(), RolloutError> {
+        let Some(versions) = self.store.read_versions(&self.subscription).await? else {
+            return Ok(());
+        };
+        let Some(plan) = versions.canary else {
+            return Ok(());
+        };
+        let rules = &plan.rules;
+        if rules.rollback_failure_rate.is_none() && rules.promote_after_ms.is_none() {
+            return Ok(());
+        }
+        let survey = self.store.survey(&self.subscription, &self.stream).await?;
+        let mut fleet = CanaryCounts::default();
+        for beat in &survey.heartbeats {
+            if let Some(counts) = &beat.load.canary
+                && counts.candidate.as_ref() == Some(&plan.candidate)
+            {
+                fleet.add(counts);
+            }
+        }
+        let (command, which, note) = match plan.decide(&fleet, crate::clock::now_ms()) {
+            Decision::Wait => return Ok(()),
+            Decision::Rollback(note) => (
+                Command::AutoRollback {
+                    candidate: plan.candidate.clone(),
+                    note: note.clone(),
+                },
+                0,
+                note,
+            ),
+            Decision::Promote(note) => (
+                Command::AutoPromote {
+                    candidate: plan.candidate.clone(),
+                    note: note.clone(),
+                },
+                1,
+                note,
+            ),
+        };
+        match self.change(command, "canary rules").await {
+            Ok(_) => {
+                self.decisions[which].inc();
+                let decision = ["rolled back", "promoted"][which];
+                tracing::warn!(subscription = %self.subscription, candidate = %plan.candidate, decision, figures = %note, "canary {decision} by its rules");
+                Ok(())
+            }
+            // Another instance decided first.
+            Err(RolloutError::Refused(VersionsError::NoCanary)) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
@@ -221,16 +319,16 @@ impl Rollout {
     pub(crate) async fn deploy(
         &self,
         bytes: Vec<u8>,
-        canary: Option<KeySlice>,
+        canary: Option<(KeySlice, CanaryRules)>,
         origin: &str,
     ) -> Result<FleetVersions, RolloutError> {
         let digest = self.publish(bytes, origin).await?;
         let command = match canary {
             None => Command::Deploy(digest),
-            Some(slice) => Command::Canary {
+            Some((slice, rules)) => Command::Canary {
                 candidate: digest,
                 key_fraction: slice.fraction(),
-                rules: crate::versions::CanaryRules::default(),
+                rules,
             },
         };
         self.change(command, origin).await
@@ -239,6 +337,7 @@ impl Rollout {
     /// Converges, logging what fails; the poll loop and local changes call
     /// it.
     async fn converge_now(&self) {
+        self.report.set(self.slot.canary_counts());
         match self.converge().await {
             Ok(()) => self.status.set_version_problem(None),
             Err(e) => {
@@ -289,15 +388,16 @@ impl Rollout {
 
     /// Start-up (see "At start" in the module docs): declares the config's
     /// plugin (and `canary` on `slice`), then converges once.
-    pub(crate) async fn start(&self, config_canary: Option<KeySlice>) {
+    pub(crate) async fn start(&self, config_canary: Option<(KeySlice, CanaryRules)>) {
         let (stable, canary) = self.slot.running();
         let declared = self
             .declare(Command::Declare(stable.digest().clone()), &stable)
             .await;
-        if let (Some((candidate, _)), Some(slice)) = (canary, config_canary) {
+        if let (Some((candidate, _)), Some((slice, rules))) = (canary, config_canary) {
             let command = Command::DeclareCanary {
                 candidate: candidate.digest().clone(),
                 key_fraction: slice.fraction(),
+                rules,
             };
             self.declare(command, &candidate).await;
         }
@@ -352,10 +452,17 @@ impl Rollout {
         let watcher = tokio::spawn(self.slot.clone().watch(shutdown.clone(), changed_tx));
         let mut tick = tokio::time::interval(POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut judge = tokio::time::interval(DECIDE_EVERY);
+        judge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => self.converge_now().await,
+                _ = judge.tick() => {
+                    if let Err(e) = self.decide().await {
+                        tracing::warn!(subscription = %self.subscription, error = %e, "cannot judge the canary; trying again");
+                    }
+                }
                 () = self.wake.notified() => self.converge_now().await,
                 file = changed.recv() => match file {
                     Some((bytes, detected)) => self.file_changed(bytes, detected).await,

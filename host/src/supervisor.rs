@@ -333,13 +333,14 @@ async fn start_pipelines(
             status,
             shared.telemetry.clone(),
         );
-        let config_canary = sub.canary.as_ref().map(|c| c.slice);
-        if let (Some(candidate), Some(slice)) = (canary, config_canary) {
-            slot = slot.with_canary(candidate, slice);
+        let config_canary = sub.canary.as_ref().map(|c| (c.slice, c.rules.clone()));
+        if let (Some(candidate), Some((slice, _))) = (canary, &config_canary) {
+            slot = slot.with_canary(candidate, *slice);
         }
         let slot = Arc::new(slot);
         let rollout = Arc::new(Rollout::new(
             slot.clone(),
+            sub.stream.clone(),
             shared.store.clone(),
             shared.artifacts.clone(),
             shared.owner.to_string(),

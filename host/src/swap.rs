@@ -245,6 +245,11 @@ impl PluginSlot {
         self.compile(bytes, origin).await.map(Arc::new)
     }
 
+    /// What this instance counted of the running canary, if one runs.
+    pub(crate) fn canary_counts(&self) -> Option<crate::versions::CanaryCounts> {
+        self.versions().canary.as_ref().map(Canary::counts)
+    }
+
     /// What runs: the stable version, and the canary's candidate with its
     /// slice.
     pub(crate) fn running(&self) -> (Arc<Plugin>, Option<(Arc<Plugin>, KeySlice)>) {

@@ -96,6 +96,122 @@ pub struct CanaryRules {
     pub promote_after_ms: Option<u64>,
 }
 
+/// What one instance counted of a canary since it began running it there:
+/// records handled by each version and how many failed (retry, reject,
+/// trap or timeout). Each instance publishes its own with its heartbeat;
+/// a decision sums every instance's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CanaryCounts {
+    /// The candidate counted.
+    pub candidate: Option<PluginDigest>,
+    /// Records the stable version handled while the canary ran.
+    pub stable_records: u64,
+    /// Of which failed.
+    pub stable_failures: u64,
+    /// Records the candidate handled.
+    pub candidate_records: u64,
+    /// Of which failed.
+    pub candidate_failures: u64,
+}
+
+impl CanaryCounts {
+    /// The sum of two instances' counts.
+    pub fn add(&mut self, other: &Self) {
+        self.stable_records += other.stable_records;
+        self.stable_failures += other.stable_failures;
+        self.candidate_records += other.candidate_records;
+        self.candidate_failures += other.candidate_failures;
+    }
+
+    fn rate(failures: u64, records: u64) -> f64 {
+        if records == 0 {
+            0.0
+        } else {
+            failures as f64 / records as f64
+        }
+    }
+
+    /// The figures, in words, for the history and the log.
+    pub fn describe(&self) -> String {
+        format!(
+            "candidate failed {} of {} ({:.1} %), stable {} of {} ({:.1} %)",
+            self.candidate_failures,
+            self.candidate_records,
+            100.0 * Self::rate(self.candidate_failures, self.candidate_records),
+            self.stable_failures,
+            self.stable_records,
+            100.0 * Self::rate(self.stable_failures, self.stable_records),
+        )
+    }
+}
+
+/// This instance's canary counts as the rollout stage last read them, for
+/// its heartbeat to carry (a cell both share: written on the rollout's
+/// poll, read at each heartbeat).
+#[derive(Debug, Default)]
+pub(crate) struct CanaryReport(std::sync::Mutex<Option<CanaryCounts>>);
+
+impl CanaryReport {
+    /// Replaces the counts (`None`: no canary runs here).
+    pub(crate) fn set(&self, counts: Option<CanaryCounts>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = counts;
+    }
+
+    /// The counts last set.
+    pub(crate) fn get(&self) -> Option<CanaryCounts> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// What a canary's rules say of its figures.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Not yet: too few records, or its window has not passed.
+    Wait,
+    /// Worse than its rule: drop it (the figures, in words).
+    Rollback(String),
+    /// Its window passed without a rollback: promote it.
+    Promote(String),
+}
+
+impl CanaryPlan {
+    /// What the rules say of `fleet` (every instance's counts summed) at
+    /// `now_ms`:
+    /// - **rollback** when the candidate has handled at least
+    ///   `min_records` and its failure rate exceeds the stable version's
+    ///   over the same time by more than `rollback_failure_rate`;
+    /// - else **promote** once `promote_after` has passed since it began,
+    ///   provided it has handled at least `min_records` (a candidate that
+    ///   saw too little traffic to be judged waits);
+    /// - else wait.
+    pub fn decide(&self, fleet: &CanaryCounts, now_ms: u64) -> Decision {
+        let enough = fleet.candidate_records >= self.rules.min_records.max(1);
+        if let Some(allowed) = self.rules.rollback_failure_rate
+            && enough
+        {
+            let candidate = CanaryCounts::rate(fleet.candidate_failures, fleet.candidate_records);
+            let stable = CanaryCounts::rate(fleet.stable_failures, fleet.stable_records);
+            if candidate > stable + allowed {
+                return Decision::Rollback(format!(
+                    "{}: more than {:.1} points worse",
+                    fleet.describe(),
+                    allowed * 100.0
+                ));
+            }
+        }
+        match self.rules.promote_after_ms {
+            Some(after) if enough && now_ms >= self.since_ms.saturating_add(after) => {
+                Decision::Promote(format!(
+                    "healthy for {}: {}",
+                    humantime::format_duration(std::time::Duration::from_millis(after)),
+                    fleet.describe()
+                ))
+            }
+            _ => Decision::Wait,
+        }
+    }
+}
+
 /// One entry of the history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Change {
@@ -177,6 +293,8 @@ pub enum Command {
         candidate: PluginDigest,
         /// Its share of the keys.
         key_fraction: f64,
+        /// Its rules.
+        rules: CanaryRules,
     },
     /// Start a canary.
     Canary {
@@ -304,6 +422,7 @@ impl FleetVersions {
             Command::DeclareCanary {
                 candidate,
                 key_fraction,
+                rules,
             } => {
                 if self.declared.contains(&candidate) {
                     return Err(VersionsError::Unchanged(format!(
@@ -314,7 +433,7 @@ impl FleetVersions {
                     Command::Canary {
                         candidate: candidate.clone(),
                         key_fraction,
-                        rules: CanaryRules::default(),
+                        rules,
                     },
                     by,
                     now_ms,
@@ -621,6 +740,56 @@ mod tests {
         let new_config = apply(&deployed, Command::Declare(d(3)));
         assert_eq!(new_config.stable, Some(d(3)));
         assert_eq!(new_config.history.last().unwrap().action, Action::Declared);
+    }
+
+    /// Catches: a canary judged on too few records, one rolled back for
+    /// failures the stable version shows as much (bad input, not a bad
+    /// version), one promoted before its window, or one promoted although
+    /// its rule was broken.
+    #[test]
+    fn a_canary_is_judged_against_the_stable_version_over_enough_records() {
+        let plan = CanaryPlan {
+            candidate: d(2),
+            key_fraction: 0.2,
+            since_ms: 1_000,
+            rules: CanaryRules {
+                rollback_failure_rate: Some(0.05),
+                min_records: 100,
+                promote_after_ms: Some(60_000),
+            },
+        };
+        let counts = |sr, sf, cr, cf| CanaryCounts {
+            candidate: Some(d(2)),
+            stable_records: sr,
+            stable_failures: sf,
+            candidate_records: cr,
+            candidate_failures: cf,
+        };
+        // 20 % failing, but only 50 records: wait.
+        assert_eq!(plan.decide(&counts(400, 0, 50, 10), 2_000), Decision::Wait);
+        // 20 % against 0 % over 100: roll back, with the figures.
+        match plan.decide(&counts(400, 0, 100, 20), 2_000) {
+            Decision::Rollback(note) => assert!(note.contains("20.0 %"), "{note}"),
+            other => panic!("{other:?}"),
+        }
+        // 20 % against 18 %: the input, not the candidate.
+        assert_eq!(
+            plan.decide(&counts(400, 72, 100, 20), 2_000),
+            Decision::Wait
+        );
+        // Healthy, window not passed: wait; passed: promote.
+        assert_eq!(plan.decide(&counts(400, 0, 100, 1), 60_999), Decision::Wait);
+        assert!(matches!(
+            plan.decide(&counts(400, 0, 100, 1), 61_000),
+            Decision::Promote(_)
+        ));
+        // Broken rule at the end of the window: rolled back, not promoted.
+        assert!(matches!(
+            plan.decide(&counts(400, 0, 100, 20), 61_000),
+            Decision::Rollback(_)
+        ));
+        // Window passed on too little traffic: wait.
+        assert_eq!(plan.decide(&counts(400, 0, 99, 0), 61_000), Decision::Wait);
     }
 
     /// Catches: a history that grows without bound (a DynamoDB item holds

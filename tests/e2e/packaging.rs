@@ -80,7 +80,7 @@ fn the_binary_prints_its_version_completions_and_manual() {
     assert!(man.contains("validate"), "{man}");
 }
 
-/// `packaging/iam-policy.json` grants exactly the Kinesis and DynamoDB
+/// `packaging/iam-policy.json` grants exactly the Kinesis, DynamoDB and S3
 /// actions the host's code calls, no more, no fewer. The calls are found in
 /// `host/src`: every `.operation()` of a file that uses an SDK whose name
 /// is one of that SDK's operations — the operation names read from the
@@ -121,6 +121,7 @@ fn the_iam_policy_grants_exactly_the_calls_the_code_makes() {
     let services = [
         ("kinesis", "aws_sdk_kinesis"),
         ("dynamodb", "aws_sdk_dynamodb"),
+        ("s3", "aws_sdk_s3"),
     ];
     let operations: Vec<(&str, &str, BTreeSet<String>)> = services
         .iter()
@@ -144,7 +145,11 @@ fn the_iam_policy_grants_exactly_the_calls_the_code_makes() {
                         .then(|| e.file_name().into_string().ok())?
                 })
                 .collect::<BTreeSet<_>>();
-            assert!(ops.contains("get_item") || ops.contains("get_records"));
+            assert!(
+                ops.contains("get_item")
+                    || ops.contains("get_records")
+                    || ops.contains("get_object")
+            );
             (*service, *krate, ops)
         })
         .collect();

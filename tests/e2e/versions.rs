@@ -16,6 +16,74 @@ use shardlane_testkit::{
 use crate::common::{field, guest_lines, shardlane_bin};
 use crate::leases::{QUICK_LEASES, check_all_handled, dynamodb_config, env, handled, producer};
 
+/// What every test here starts: the emulators, a stream, a lease table's
+/// name and a folder.
+struct Rig {
+    guests: guests::Guests,
+    kinesis: Kinesis,
+    dynalite: Dynalite,
+    dir: tempfile::TempDir,
+    stream: String,
+    table: String,
+}
+
+impl Rig {
+    async fn start(name: &str, shards: i32) -> Self {
+        let rig = Self {
+            guests: guests::build().unwrap(),
+            kinesis: Kinesis::start().await.unwrap(),
+            dynalite: Dynalite::start().await.unwrap(),
+            dir: tempfile::tempdir().unwrap(),
+            stream: unique_name(name),
+            table: unique_name("leases"),
+        };
+        rig.kinesis
+            .create_stream(&rig.stream, shards)
+            .await
+            .unwrap();
+        rig
+    }
+}
+
+/// `shardlane deploy -c <config> -s fleet <extra…> <plugin>`, which must
+/// succeed.
+fn deploy(config: &str, env: &[(&str, &str)], extra: &[&str], plugin: &Path) {
+    let mut args = vec!["deploy", "-c", config, "-s", "fleet"];
+    args.extend_from_slice(extra);
+    args.push(plugin.to_str().unwrap());
+    let out = cli(&args, env);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Waits until `first` and `others` between them handled every record of
+/// `put` (the data `data` finds in their lines).
+async fn everything_handled(
+    first: &mut HostProcess,
+    others: &[&HostProcess],
+    put: &[String],
+    data: fn(&[LogLine]) -> Vec<String>,
+) {
+    first
+        .wait_for("everything handled", Duration::from_secs(60), |lines| {
+            let mut seen: std::collections::HashSet<String> = data(lines).into_iter().collect();
+            for other in others {
+                seen.extend(data(&other.lines()));
+            }
+            put.iter().all(|d| seen.contains(d))
+        })
+        .await
+        .unwrap();
+}
+
+/// The data of each record the retry guest handled.
+fn retry_data(lines: &[LogLine]) -> Vec<String> {
+    handled(lines).into_iter().map(|(d, _, _)| d).collect()
+}
+
 /// The config of one host of the fleet, with the artifact store `artifacts`.
 fn config(owner: &str, table: &str, stream: &str, plugin: &Path, artifacts: &Path) -> String {
     let artifacts = format!("\n[artifacts]\nlocation = \"{}\"\n", artifacts.display());
@@ -60,13 +128,14 @@ async fn all_run(hosts: &mut [&mut HostProcess], digest: &str, within: Duration)
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deploy_reaches_the_fleet_survives_kill_9_and_rolls_back() {
-    let guests = guests::build().unwrap();
-    let kinesis = Kinesis::start().await.unwrap();
-    let dynalite = Dynalite::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let stream = unique_name("deploy");
-    let table = unique_name("leases");
-    kinesis.create_stream(&stream, 4).await.unwrap();
+    let Rig {
+        guests,
+        kinesis,
+        dynalite,
+        dir,
+        stream,
+        table,
+    } = Rig::start("deploy", 4).await;
     let artifacts = dir.path().join("artifacts");
     let v2 = guests::variant(&guests.retry, "v2", dir.path()).unwrap();
     let (v1_digest, v2_digest) = (
@@ -95,22 +164,7 @@ async fn a_deploy_reaches_the_fleet_survives_kill_9_and_rolls_back() {
     )
     .unwrap();
     let cli_config = cli_config.to_str().unwrap();
-    let out = cli(
-        &[
-            "deploy",
-            "--config",
-            cli_config,
-            "--subscription",
-            "fleet",
-            v2.to_str().unwrap(),
-        ],
-        &env,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    deploy(cli_config, &env, &[], &v2);
     let v2s = v2_digest.short().to_owned();
     let took = all_run(&mut [&mut a, &mut b, &mut c], &v2s, Duration::from_secs(30)).await;
     eprintln!(
@@ -182,16 +236,7 @@ async fn a_deploy_reaches_the_fleet_survives_kill_9_and_rolls_back() {
 
     stop.store(true, Ordering::SeqCst);
     let put = producer.await.unwrap();
-    a.wait_for("everything handled", Duration::from_secs(60), |lines| {
-        let mut seen: std::collections::HashSet<String> =
-            handled(lines).into_iter().map(|(d, _, _)| d).collect();
-        for h in [&b, &c, &c2] {
-            seen.extend(handled(&h.lines()).into_iter().map(|(d, _, _)| d));
-        }
-        put.iter().all(|d| seen.contains(d))
-    })
-    .await
-    .unwrap();
+    everything_handled(&mut a, &[&b, &c, &c2], &put, retry_data).await;
     for host in [&mut a, &mut b, &mut c2] {
         assert!(host.terminate().await.unwrap().success());
     }
@@ -200,13 +245,14 @@ async fn a_deploy_reaches_the_fleet_survives_kill_9_and_rolls_back() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_deploys_get_one_line_and_record_nothing() {
-    let guests = guests::build().unwrap();
-    let kinesis = Kinesis::start().await.unwrap();
-    let dynalite = Dynalite::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let stream = unique_name("baddeploy");
-    let table = unique_name("leases");
-    kinesis.create_stream(&stream, 1).await.unwrap();
+    let Rig {
+        guests,
+        kinesis,
+        dynalite,
+        dir,
+        stream,
+        table,
+    } = Rig::start("baddeploy", 1).await;
     let env = env(&kinesis, &dynalite);
     let artifacts = dir.path().join("artifacts");
     let with = dir.path().join("with.toml");
@@ -308,13 +354,14 @@ async fn through_an_artifact_store(
     tamper: Tamper<'_>,
     missing: &str,
 ) {
-    let guests = guests::build().unwrap();
-    let kinesis = Kinesis::start().await.unwrap();
-    let dynalite = Dynalite::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let stream = unique_name("artifacts");
-    let table = unique_name("leases");
-    kinesis.create_stream(&stream, 2).await.unwrap();
+    let Rig {
+        guests,
+        kinesis,
+        dynalite,
+        dir,
+        stream,
+        table,
+    } = Rig::start("artifacts", 2).await;
     let mut env: Vec<(&str, &str)> = env(&kinesis, &dynalite).to_vec();
     env.extend_from_slice(extra_env);
     let config = |owner: &str, location: &str| {
@@ -337,22 +384,7 @@ async fn through_an_artifact_store(
     all_run(&mut [&mut host], v1.short(), Duration::from_secs(60)).await;
 
     let v2 = guests::variant(&guests.retry, "v2", dir.path()).unwrap();
-    let out = cli(
-        &[
-            "deploy",
-            "-c",
-            cli_config,
-            "-s",
-            "fleet",
-            v2.to_str().unwrap(),
-        ],
-        &env,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    deploy(cli_config, &env, &[], &v2);
     let v2 = PluginDigest::of(&std::fs::read(&v2).unwrap());
     let took = all_run(&mut [&mut host], v2.short(), Duration::from_secs(30)).await;
     eprintln!("{location}: deployed and running {took:?} after the command returned");
@@ -363,22 +395,7 @@ async fn through_an_artifact_store(
     let v3_path = guests::variant(&guests.retry, "v3", dir.path()).unwrap();
     let v3_bytes = std::fs::read(&v3_path).unwrap();
     let v3 = PluginDigest::of(&v3_bytes);
-    let out = cli(
-        &[
-            "deploy",
-            "-c",
-            cli_config,
-            "-s",
-            "fleet",
-            v3_path.to_str().unwrap(),
-        ],
-        &env,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    deploy(cli_config, &env, &[], &v3_path);
     tamper.put(&v3, std::fs::read(&guests.echo).unwrap()).await;
     let mut again = HostProcess::start_with(shardlane_bin(), &config("a", location), &env).unwrap();
     again
@@ -436,15 +453,7 @@ async fn through_an_artifact_store(
 
     stop.store(true, Ordering::SeqCst);
     let put = producer.await.unwrap();
-    again
-        .wait_for("everything handled", Duration::from_secs(60), |lines| {
-            let mut seen: std::collections::HashSet<String> =
-                handled(lines).into_iter().map(|(d, _, _)| d).collect();
-            seen.extend(handled(&host.lines()).into_iter().map(|(d, _, _)| d));
-            put.iter().all(|d| seen.contains(d))
-        })
-        .await
-        .unwrap();
+    everything_handled(&mut again, &[&host], &put, retry_data).await;
     assert!(again.terminate().await.unwrap().success());
     check_all_handled(&put, &[&host, &again]);
 }
@@ -472,4 +481,150 @@ async fn versions_travel_through_an_oci_registry_checked_by_digest() {
         shardlane_testkit::free_port()
     );
     through_an_artifact_store(&location, &[], Tamper::Oci(&registry), &missing).await;
+}
+
+/// The data of every record handled in `lines`, by the retry guest
+/// (`handled data=<d> attempt=<n>`) or the echo guest (`echo … data="<d>"`).
+fn handled_data(lines: &[LogLine]) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|l| field(l, "target") == "guest")
+        .filter_map(|l| {
+            let m = field(l, "message");
+            if let Some(rest) = m.strip_prefix("handled data=") {
+                Some(rest.rsplit_once(" attempt=")?.0.to_owned())
+            } else if m.starts_with("echo ") {
+                Some(m.split_once(" data=")?.1.trim_matches('"').to_owned())
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// `shardlane versions` until `done(output)`, polling every 500 ms;
+/// returns the output and how long it took.
+async fn versions_until(
+    args: &[&str],
+    env: &[(&str, &str)],
+    within: Duration,
+    done: impl Fn(&str) -> bool,
+) -> (String, Duration) {
+    let started = Instant::now();
+    loop {
+        let out = cli(args, env);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if done(&text) {
+            return (text, started.elapsed());
+        }
+        assert!(started.elapsed() < within, "not within {within:?}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_canary_is_rolled_back_by_itself_and_a_healthy_one_promoted() {
+    let Rig {
+        guests,
+        kinesis,
+        dynalite,
+        dir,
+        stream,
+        table,
+    } = Rig::start("autocanary", 4).await;
+    let artifacts = dir.path().join("artifacts");
+    let env = env(&kinesis, &dynalite);
+    // The stable version (echo) acks everything; the first candidate (the
+    // retry guest) retries every record whose data starts with "retry"
+    // once: a fifth of the records.
+    let (stop, producer) =
+        crate::common::trickle(&kinesis, &stream, 2, Duration::from_millis(50), |n| {
+            let data = if n % 5 == 0 {
+                format!("retry-{n}")
+            } else {
+                format!("ok-{n}")
+            };
+            (format!("key-{}", n % 16), data.clone().into_bytes(), data)
+        });
+    let start = |name: &str| {
+        HostProcess::start_with(
+            shardlane_bin(),
+            &config(name, &table, &stream, &guests.echo, &artifacts),
+            &env,
+        )
+        .unwrap()
+    };
+    let (mut a, mut b) = (start("a"), start("b"));
+    let echo = PluginDigest::of(&std::fs::read(&guests.echo).unwrap());
+    all_run_lines(&mut [&mut a, &mut b], echo.short()).await;
+    let cli_config = dir.path().join("operator.toml");
+    std::fs::write(
+        &cli_config,
+        config("operator", &table, &stream, &guests.echo, &artifacts),
+    )
+    .unwrap();
+    let cli_config = cli_config.to_str().unwrap();
+    let versions = ["versions", "-c", cli_config, "-s", "fleet"];
+
+    let rule = ["--canary", "0.5", "--rollback-on-failure-rate", "0.05"];
+    deploy(
+        cli_config,
+        &env,
+        &[&rule[..], &["--min-records", "40"]].concat(),
+        &guests.retry,
+    );
+    let (text, took) = versions_until(&versions, &env, Duration::from_secs(60), |t| {
+        t.contains("auto-rollback")
+    })
+    .await;
+    eprintln!(
+        "a canary failing 20 % of its records: rolled back by its rule {took:?} after the deploy returned\n{text}"
+    );
+    assert!(!text.contains("canary:  "), "no canary left: {text}");
+    assert!(text.contains(&format!("stable:  {echo}")), "{text}");
+    assert!(
+        text.contains("candidate failed"),
+        "the figures are in the history: {text}"
+    );
+
+    // A healthy candidate (the echo guest under another digest) is
+    // promoted after its window.
+    let v2 = guests::variant(&guests.echo, "v2", dir.path()).unwrap();
+    let v2_digest = PluginDigest::of(&std::fs::read(&v2).unwrap());
+    let healthy = [&rule[..], &["--min-records", "20", "--promote-after", "5s"]].concat();
+    deploy(cli_config, &env, &healthy, &v2);
+    let (text, took) = versions_until(&versions, &env, Duration::from_secs(60), |t| {
+        t.contains("auto-promote")
+    })
+    .await;
+    eprintln!(
+        "a healthy canary with promote_after = 5s: promoted {took:?} after the deploy returned\n{text}"
+    );
+    assert!(text.contains(&format!("stable:  {v2_digest}")), "{text}");
+    all_run_lines(&mut [&mut a, &mut b], v2_digest.short()).await;
+
+    // Nothing lost through either decision.
+    stop.store(true, Ordering::SeqCst);
+    let put = producer.await.unwrap();
+    everything_handled(&mut a, &[&b], &put, handled_data).await;
+    for host in [&mut a, &mut b] {
+        assert!(host.terminate().await.unwrap().success());
+    }
+}
+
+/// Waits until every host logs a guest line from version `digest` (short).
+async fn all_run_lines(hosts: &mut [&mut HostProcess], digest: &str) {
+    for host in hosts.iter_mut() {
+        host.wait_for(
+            &format!("a record handled by {digest}"),
+            Duration::from_secs(60),
+            |lines| {
+                lines
+                    .iter()
+                    .any(|l| field(l, "target") == "guest" && field(l, "plugin") == digest)
+            },
+        )
+        .await
+        .unwrap();
+    }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 
-use crate::config::{Config, LeaseBackend, SubscriptionConfig};
+use crate::config::{Config, LeaseBackend, SubscriptionConfig, defaults};
 use crate::files::{self, MAX_PLUGIN_BYTES};
 use crate::ids::PluginDigest;
 use crate::lease::{LeaseStore, update_versions};
@@ -53,6 +53,41 @@ async fn store(config: &Config, sub: &SubscriptionConfig) -> anyhow::Result<Arc<
     open_store(config).await
 }
 
+/// A canary asked of `shardlane deploy`.
+#[derive(Debug, Clone, Default)]
+pub struct CanaryOptions {
+    /// The fraction of partition keys, in (0, 1).
+    pub key_fraction: f64,
+    /// Rolled back by itself when its failure rate exceeds the stable
+    /// version's by more than this.
+    pub rollback_failure_rate: Option<f64>,
+    /// Records it must have handled, fleet-wide, before it is judged
+    /// (default [`defaults::CANARY_MIN_RECORDS`]).
+    pub min_records: Option<u64>,
+    /// Promoted by itself after this long without a rollback.
+    pub promote_after: Option<std::time::Duration>,
+}
+
+impl CanaryOptions {
+    fn rules(&self) -> anyhow::Result<CanaryRules> {
+        check_fraction(self.key_fraction).context("--canary")?;
+        if let Some(rate) = self.rollback_failure_rate {
+            anyhow::ensure!(
+                (0.0..1.0).contains(&rate),
+                "--rollback-on-failure-rate {rate}: out of range, from 0 to less than 1"
+            );
+        }
+        Ok(CanaryRules {
+            rollback_failure_rate: self.rollback_failure_rate,
+            min_records: self
+                .min_records
+                .unwrap_or(defaults::CANARY_MIN_RECORDS)
+                .max(1),
+            promote_after_ms: self.promote_after.map(|d| d.as_millis() as u64),
+        })
+    }
+}
+
 /// `shardlane deploy`: `plugin` becomes the fleet's stable version of
 /// `subscription` (or, with `canary`, a candidate on that fraction of the
 /// keys). Returns the new versions.
@@ -67,12 +102,12 @@ pub async fn deploy(
     config: &Config,
     subscription_name: &str,
     plugin: &Path,
-    canary: Option<f64>,
+    canary: Option<&CanaryOptions>,
 ) -> anyhow::Result<FleetVersions> {
     let sub = subscription(config, subscription_name)?;
-    if let Some(fraction) = canary {
-        check_fraction(fraction).context("--canary")?;
-    }
+    let canary = canary
+        .map(|c| c.rules().map(|rules| (c.key_fraction, rules)))
+        .transpose()?;
     let bytes = files::read_regular(plugin, MAX_PLUGIN_BYTES)
         .with_context(|| format!("cannot read plugin {}", plugin.display()))?;
     let host = plugin_host(config, None)?;
@@ -119,10 +154,10 @@ pub async fn deploy(
     })?;
     let command = match canary {
         None => Command::Deploy(digest),
-        Some(key_fraction) => Command::Canary {
+        Some((key_fraction, rules)) => Command::Canary {
             candidate: digest,
             key_fraction,
-            rules: CanaryRules::default(),
+            rules,
         },
     };
     Ok(update_versions(&*store, &sub.name, command, &by()).await?)

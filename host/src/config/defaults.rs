@@ -106,3 +106,8 @@ pub const STATE_MAX_PER_KEY: u64 = 128 << 10;
 /// The most `state.max_per_key` may be with the DynamoDB store: a key's
 /// item holds its committed and its pending state, in at most 400 KB.
 pub const STATE_MAX_PER_KEY_DYNAMODB: u64 = 192 << 10;
+
+/// Records a canary's candidate must have handled, fleet-wide, before its
+/// rules judge it: at 100 a 5-point rule is not tripped by a handful of
+/// unlucky records, and a busy stream reaches it in seconds.
+pub const CANARY_MIN_RECORDS: u64 = 100;

@@ -162,6 +162,15 @@ pub(super) enum RawOnFailure {
 pub(super) struct RawCanary {
     pub(super) plugin: PathBuf,
     pub(super) key_fraction: f64,
+    pub(super) rollback_on: Option<RawRollbackOn>,
+    pub(super) promote_after: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRollbackOn {
+    pub(super) failure_rate: f64,
+    pub(super) min_records: Option<u64>,
 }
 
 #[derive(Deserialize)]

@@ -188,6 +188,29 @@ fn canary() {
     }
     let err = sub("canary = { plugin = \"n.wasm\" }\n").unwrap_err();
     assert!(err.contains("key_fraction"), "{err}");
+    // Rules: none by default (a person decides); set, they are the rules.
+    assert_eq!(c.rules.rollback_failure_rate, None);
+    assert_eq!(c.rules.promote_after_ms, None);
+    let ruled = sub("canary = { plugin = \"n.wasm\", key_fraction = 0.1, rollback_on = { failure_rate = 0.05, min_records = 500 }, promote_after = \"10m\" }\n")
+        .unwrap()
+        .canary
+        .unwrap()
+        .rules;
+    assert_eq!(ruled.rollback_failure_rate, Some(0.05));
+    assert_eq!(ruled.min_records, 500);
+    assert_eq!(ruled.promote_after_ms, Some(600_000));
+    let err = sub("canary = { plugin = \"n.wasm\", key_fraction = 0.1, rollback_on = { failure_rate = 1.5 } }\n").unwrap_err();
+    assert!(
+        err.contains("subscription[0].canary.rollback_on.failure_rate"),
+        "{err}"
+    );
+    let err =
+        sub("canary = { plugin = \"n.wasm\", key_fraction = 0.1, promote_after = \"soon\" }\n")
+            .unwrap_err();
+    assert!(
+        err.contains("subscription[0].canary.promote_after"),
+        "{err}"
+    );
 }
 
 #[test]

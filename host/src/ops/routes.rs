@@ -226,7 +226,12 @@ async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
     let old = rollout.running();
     let done = match action {
         Admin::Swap(upload) => rollout.deploy(upload, None, "admin API").await,
-        Admin::Canary(upload, slice) => rollout.deploy(upload, Some(slice), "admin API").await,
+        Admin::Canary(upload, slice) => {
+            let rules = crate::versions::CanaryRules::default();
+            rollout
+                .deploy(upload, Some((slice, rules)), "admin API")
+                .await
+        }
         Admin::Promote => rollout.change(Command::Promote, "admin API").await,
         Admin::Rollback => rollout.change(Command::DropCanary, "admin API").await,
     };

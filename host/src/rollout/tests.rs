@@ -44,6 +44,7 @@ fn instance(
     ));
     let rollout = Arc::new(Rollout::new(
         slot.clone(),
+        "orders".into(),
         store.clone(),
         artifacts,
         name.to_owned(),
@@ -57,6 +58,30 @@ async fn folder(dir: &Path) -> Arc<dyn ArtifactStore> {
     Arc::from(crate::artifacts::open(&location, || async { unreachable!() }).await)
 }
 
+/// Two instances ("a", "b") of `noop` sharing a memory store and a folder
+/// artifact store, both started.
+struct Two {
+    store: Arc<MemoryLeaseStore>,
+    artifacts: Arc<dyn ArtifactStore>,
+    a: Arc<Rollout>,
+    b: (Arc<Rollout>, Arc<PluginSlot>, Arc<Telemetry>),
+}
+
+async fn two(dir: &Path, guests: &shardlane_testkit::guests::Guests) -> Two {
+    let store = Arc::new(MemoryLeaseStore::new());
+    let artifacts = folder(dir).await;
+    let (a, _, _) = instance(dir, &guests.noop, &store, Some(artifacts.clone()), "a");
+    let b = instance(dir, &guests.noop, &store, Some(artifacts.clone()), "b");
+    a.start(None).await;
+    b.0.start(None).await;
+    Two {
+        store,
+        artifacts,
+        a,
+        b,
+    }
+}
+
 /// Catches: a version deployed through one instance that another sharing
 /// the store never runs (the fleet must follow whichever instance a
 /// change reached), one that restarts back to its config's plugin, or a
@@ -65,24 +90,12 @@ async fn folder(dir: &Path) -> Arc<dyn ArtifactStore> {
 async fn a_deploy_through_one_instance_reaches_another_and_survives_its_restart() {
     let guests = shardlane_testkit::guests::build().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(MemoryLeaseStore::new());
-    let artifacts = folder(dir.path()).await;
-    let (a, _, _) = instance(
-        dir.path(),
-        &guests.noop,
-        &store,
-        Some(artifacts.clone()),
-        "a",
-    );
-    let (b, b_slot, _) = instance(
-        dir.path(),
-        &guests.noop,
-        &store,
-        Some(artifacts.clone()),
-        "b",
-    );
-    a.start(None).await;
-    b.start(None).await;
+    let Two {
+        store,
+        artifacts,
+        a,
+        b: (b, b_slot, _),
+    } = two(dir.path(), &guests).await;
     let noop = PluginDigest::of(&guest(&guests.noop));
     let retry = guest(&guests.retry);
     let versions = a.deploy(retry.clone(), None, "test").await.unwrap();
@@ -120,24 +133,12 @@ async fn a_deploy_through_one_instance_reaches_another_and_survives_its_restart(
 async fn other_bytes_under_a_digest_are_never_run_and_the_running_version_stays() {
     let guests = shardlane_testkit::guests::build().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(MemoryLeaseStore::new());
-    let artifacts = folder(dir.path()).await;
-    let (a, _, _) = instance(
-        dir.path(),
-        &guests.noop,
-        &store,
-        Some(artifacts.clone()),
-        "a",
-    );
-    let (b, b_slot, b_telemetry) = instance(
-        dir.path(),
-        &guests.noop,
-        &store,
-        Some(artifacts.clone()),
-        "b",
-    );
-    a.start(None).await;
-    b.start(None).await;
+    let Two {
+        store,
+        artifacts,
+        b: (b, b_slot, b_telemetry),
+        ..
+    } = two(dir.path(), &guests).await;
     let retry = guest(&guests.retry);
     let digest = artifacts.store(retry.clone()).await.unwrap();
     // Someone replaces the blob with another valid component.

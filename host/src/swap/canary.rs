@@ -16,6 +16,7 @@ use crate::key_slice::KeySlice;
 use crate::plugin::{Instance, Plugin, PluginError};
 use crate::state::CallState;
 use crate::telemetry::{CanaryView, Counter, Telemetry, VersionCounts};
+use crate::versions::CanaryCounts;
 
 /// Which version handled a record while a canary runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +95,20 @@ impl RoleCounters {
     }
 }
 
+/// The counters' totals: records and failures (retry, reject, trap or
+/// timeout) of each version.
+fn totals(stable: &RoleCounters, candidate: &RoleCounters) -> CanaryCounts {
+    let failures = |c: &RoleCounters| c.retry.get() + c.reject.get() + c.failed.get();
+    let records = |c: &RoleCounters| c.ack.get() + failures(c);
+    CanaryCounts {
+        candidate: None,
+        stable_records: records(stable),
+        stable_failures: failures(stable),
+        candidate_records: records(candidate),
+        candidate_failures: failures(candidate),
+    }
+}
+
 /// A candidate version and the keys it handles.
 #[derive(Clone)]
 pub(super) struct Canary {
@@ -101,6 +116,9 @@ pub(super) struct Canary {
     pub(super) slice: KeySlice,
     stable_counts: RoleCounters,
     candidate_counts: RoleCounters,
+    /// The counters when this canary began (they are the process's, shared
+    /// with earlier canaries): [`Canary::counts`] is what came since.
+    baseline: CanaryCounts,
 }
 
 impl Canary {
@@ -112,11 +130,27 @@ impl Canary {
         telemetry: &Telemetry,
         sub: &str,
     ) -> Self {
+        let stable_counts = RoleCounters::new(telemetry, sub, Role::Stable);
+        let candidate_counts = RoleCounters::new(telemetry, sub, Role::Candidate);
+        let baseline = totals(&stable_counts, &candidate_counts);
         Self {
             plugin,
             slice,
-            stable_counts: RoleCounters::new(telemetry, sub, Role::Stable),
-            candidate_counts: RoleCounters::new(telemetry, sub, Role::Candidate),
+            stable_counts,
+            candidate_counts,
+            baseline,
+        }
+    }
+
+    /// What this instance counted of it since it began here.
+    pub(super) fn counts(&self) -> CanaryCounts {
+        let now = totals(&self.stable_counts, &self.candidate_counts);
+        CanaryCounts {
+            candidate: Some(self.plugin.digest().clone()),
+            stable_records: now.stable_records - self.baseline.stable_records,
+            stable_failures: now.stable_failures - self.baseline.stable_failures,
+            candidate_records: now.candidate_records - self.baseline.candidate_records,
+            candidate_failures: now.candidate_failures - self.baseline.candidate_failures,
         }
     }
 

@@ -535,9 +535,31 @@ impl Subscription<'_, '_> {
                 ),
             )
         })?;
+        let mut rules = crate::versions::CanaryRules {
+            min_records: defaults::CANARY_MIN_RECORDS,
+            ..Default::default()
+        };
+        if let Some(on) = &c.rollback_on {
+            if !(0.0..1.0).contains(&on.failure_rate) {
+                return Err(self.invalid(
+                    "canary.rollback_on.failure_rate",
+                    format!(
+                        "{} is out of range: from 0 (any failure more than the stable version's) to less than 1",
+                        on.failure_rate
+                    ),
+                ));
+            }
+            rules.rollback_failure_rate = Some(on.failure_rate);
+            rules.min_records = on.min_records.unwrap_or(rules.min_records).max(1);
+        }
+        if let Some(after) = c.promote_after.as_deref() {
+            let after = self.duration("canary.promote_after", Some(after), Duration::ZERO)?;
+            rules.promote_after_ms = Some(after.as_millis() as u64);
+        }
         Ok(Some(CanaryConfig {
             plugin: c.plugin.clone(),
             slice,
+            rules,
         }))
     }
 }

@@ -130,6 +130,7 @@ impl LoadMeter {
             total,
             hottest: rates,
             settled,
+            canary: None,
         }
     }
 }
@@ -150,7 +151,8 @@ impl Keeper {
             .map(|(s, st)| (s, st.records.get()))
             .collect();
         self.load.observe(counts, now);
-        let load = self.load.load();
+        let mut load = self.load.load();
+        load.canary = self.canary.as_ref().and_then(|c| c.get());
         self.beat.writing = true;
         let store = self.store.clone();
         let (sub, stream) = (
