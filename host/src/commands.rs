@@ -24,4 +24,4 @@ mod versions;
 pub use deregister::deregister_consumer;
 pub use import_kcl::{Imported, import_kcl};
 pub use state_get::state_get;
-pub use versions::{CanaryOptions, deploy, promote, rollback, versions};
+pub use versions::{CanaryOptions, DeployAs, deploy, end_shadow, promote, rollback, versions};

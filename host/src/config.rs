@@ -424,6 +424,10 @@ pub struct HttpGrant {
     pub timeout: Duration,
     /// Most response body bytes read; past it the body fails.
     pub max_response: u64,
+    /// Only the methods that cannot change anything (RFC 9110's safe
+    /// methods GET, HEAD and OPTIONS; TRACE, which echoes the request back,
+    /// is left out): set for a shadow candidate, never from the config.
+    pub safe_methods_only: bool,
 }
 
 /// One allowed HTTP destination.

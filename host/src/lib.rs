@@ -121,8 +121,8 @@ mod tests;
 
 pub use channel::CHANNEL_CAPACITY;
 pub use commands::{
-    CanaryOptions, Imported, deploy, deregister_consumer, import_kcl, promote, rollback, state_get,
-    versions,
+    CanaryOptions, DeployAs, Imported, deploy, deregister_consumer, end_shadow, import_kcl,
+    promote, rollback, state_get, versions,
 };
 pub use config::{Config, defaults};
 pub use dispatch::LANE_INBOX;

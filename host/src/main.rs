@@ -96,8 +96,13 @@ enum Command {
         subscription: String,
         /// Start it as a canary on this fraction of the partition keys
         /// (0 to 1, both excluded) instead of making it the stable version.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "shadow")]
         canary: Option<f64>,
+        /// Start it as a shadow candidate instead: every record goes to it
+        /// after the live version; its outcomes, outputs and state writes
+        /// are compared and never applied.
+        #[arg(long)]
+        shadow: bool,
         /// With `--canary`: roll it back by itself once its failure rate
         /// (retry, reject, trap, timeout) exceeds the stable version's by
         /// more than this (0.05 = five points), fleet-wide.
@@ -142,8 +147,11 @@ enum Command {
         #[arg(long, short)]
         subscription: String,
         /// The version to go back to (`sha256:…`, from `shardlane versions`).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "shadow")]
         to: Option<String>,
+        /// Stop the shadow candidate instead.
+        #[arg(long)]
+        shadow: bool,
     },
     /// Inspect per-key state (read-only).
     State {
@@ -200,18 +208,23 @@ fn main() -> ExitCode {
             config,
             subscription,
             canary,
+            shadow,
             rollback_on_failure_rate,
             min_records,
             promote_after,
             plugin,
         } => fleet(config, |c| async move {
-            let canary = canary.map(|key_fraction| shardlane::CanaryOptions {
-                key_fraction,
-                rollback_failure_rate: rollback_on_failure_rate,
-                min_records,
-                promote_after,
-            });
-            let v = shardlane::deploy(&c, &subscription, &plugin, canary.as_ref()).await?;
+            let as_ = match (canary, shadow) {
+                (Some(key_fraction), _) => shardlane::DeployAs::Canary(shardlane::CanaryOptions {
+                    key_fraction,
+                    rollback_failure_rate: rollback_on_failure_rate,
+                    min_records,
+                    promote_after,
+                }),
+                (None, true) => shardlane::DeployAs::Shadow,
+                (None, false) => shardlane::DeployAs::Stable,
+            };
+            let v = shardlane::deploy(&c, &subscription, &plugin, &as_).await?;
             Ok((v, "deployed"))
         }),
         Command::Versions {
@@ -228,7 +241,14 @@ fn main() -> ExitCode {
             config,
             subscription,
             to,
+            shadow,
         } => fleet(config, |c| async move {
+            if shadow {
+                return Ok((
+                    shardlane::end_shadow(&c, &subscription).await?,
+                    "shadow stopped",
+                ));
+            }
             let v = shardlane::rollback(&c, &subscription, to.as_deref()).await?;
             Ok((v, "rolled back"))
         }),

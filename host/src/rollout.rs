@@ -69,7 +69,7 @@ use crate::lease::{LeaseError, LeaseStore, VersionsUpdateError, update_versions}
 use crate::logging::LogGate;
 use crate::plugin::{Plugin, PluginError};
 use crate::swap::PluginSlot;
-use crate::telemetry::{Counter, SubscriptionStatus, Telemetry};
+use crate::telemetry::{Counter, ShadowView, SubscriptionStatus, Telemetry};
 use crate::versions::{
     CanaryCounts, CanaryReport, CanaryRules, Command, Decision, FleetVersions, VersionsError,
 };
@@ -131,6 +131,8 @@ pub(crate) struct Rollout {
     slot: Arc<PluginSlot>,
     /// Compiled versions, oldest first.
     known: Mutex<VecDeque<Arc<Plugin>>>,
+    /// The shadow candidate, compiled for a shadow.
+    shadow_known: Mutex<Option<Arc<Plugin>>>,
     /// Converge now (a change was made here).
     wake: Notify,
     problem_log: Mutex<LogGate>,
@@ -169,6 +171,7 @@ impl Rollout {
             artifacts,
             slot,
             known: Mutex::new(canary.into_iter().map(|(p, _)| p).chain([stable]).collect()),
+            shadow_known: Mutex::new(None),
             wake: Notify::new(),
             problem_log: Mutex::new(LogGate::every(PROBLEM_LOG_EVERY)),
             failures,
@@ -284,6 +287,46 @@ impl Rollout {
         Ok(plugin)
     }
 
+    /// The shadow candidate `digest`, compiled for a shadow (outbound HTTP
+    /// limited to safe methods): kept here, or fetched and compiled.
+    async fn shadow_plugin(&self, digest: &PluginDigest) -> Result<Arc<Plugin>, RolloutError> {
+        let kept = self
+            .shadow_known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .filter(|p| p.digest() == digest);
+        if let Some(plugin) = kept {
+            return Ok(plugin);
+        }
+        let artifacts = self
+            .artifacts
+            .as_ref()
+            .ok_or_else(|| RolloutError::Unavailable(digest.clone()))?;
+        let bytes = artifacts.fetch(digest).await?;
+        let plugin = self.slot.prepare_shadow(bytes, "shadow").await?;
+        *self.shadow_known.lock().unwrap_or_else(|e| e.into_inner()) = Some(plugin.clone());
+        Ok(plugin)
+    }
+
+    /// A shadow candidate from `bytes`, for the whole fleet.
+    ///
+    /// # Errors
+    /// Invalid bytes, a failed store.
+    pub(crate) async fn deploy_shadow(
+        &self,
+        bytes: Vec<u8>,
+        origin: &str,
+    ) -> Result<FleetVersions, RolloutError> {
+        let plugin = self.slot.prepare_shadow(bytes.clone(), origin).await?;
+        let digest = plugin.digest().clone();
+        *self.shadow_known.lock().unwrap_or_else(|e| e.into_inner()) = Some(plugin);
+        if let Some(artifacts) = &self.artifacts {
+            artifacts.store(bytes).await?;
+        }
+        self.change(Command::Shadow(digest), origin).await
+    }
+
     /// Validates `bytes` (so nothing invalid is ever recorded), keeps them
     /// compiled, and stores them in the artifact store for the fleet.
     async fn publish(&self, bytes: Vec<u8>, origin: &str) -> Result<PluginDigest, RolloutError> {
@@ -338,6 +381,16 @@ impl Rollout {
     /// it.
     async fn converge_now(&self) {
         self.report.set(self.slot.canary_counts());
+        self.status.set_shadow(self.slot.shadow().map(
+            |(digest, [calls, dropped, outcome, output, state])| ShadowView {
+                digest: digest.to_string(),
+                calls,
+                dropped,
+                outcome,
+                output,
+                state,
+            },
+        ));
         match self.converge().await {
             Ok(()) => self.status.set_version_problem(None),
             Err(e) => {
@@ -382,7 +435,13 @@ impl Rollout {
             )),
             None => None,
         };
-        self.slot.set(stable, canary, "fleet versions", since).await;
+        let shadow = match &versions.shadow {
+            Some(digest) => Some(self.shadow_plugin(digest).await?),
+            None => None,
+        };
+        self.slot
+            .set(stable, canary, shadow, "fleet versions", since)
+            .await;
         Ok(())
     }
 

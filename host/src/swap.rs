@@ -37,6 +37,14 @@
 //! canary runs, `shardlane_canary_records_total` counts outcomes per
 //! version, so the two can be compared before deciding.
 //!
+//! # Shadow
+//! A shadow runs a candidate beside the live versions without effects: a
+//! lane's handler offers each call, after the live version made it, to the
+//! shadow's own task and instance, which makes it again and compares
+//! outcomes, outputs and state writes (see [`shadow`]). A shadow that falls
+//! behind drops calls (counted); it never slows a lane or holds the
+//! checkpoint.
+//!
 //! The slot only installs what it is given ([`PluginSlot::set`]) and
 //! compiles what it is asked to ([`PluginSlot::prepare`]): which versions
 //! run is the fleet's decision, kept in the lease store, and
@@ -58,6 +66,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 mod canary;
+pub(crate) mod shadow;
 
 use crate::key_slice::KeySlice;
 use canary::Canary;
@@ -79,6 +88,7 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 struct Versions {
     stable: Arc<Plugin>,
     canary: Option<Canary>,
+    shadow: Option<shadow::Shadow>,
 }
 
 /// The current plugin versions of a subscription (see the module docs).
@@ -117,6 +127,7 @@ impl PluginSlot {
             versions: RwLock::new(Versions {
                 stable: Arc::new(plugin),
                 canary: None,
+                shadow: None,
             }),
             generation: AtomicU64::new(0),
             swapping: tokio::sync::Mutex::new(()),
@@ -152,10 +163,11 @@ impl PluginSlot {
 
     fn install_canary(&self, plugin: Arc<Plugin>, slice: KeySlice) {
         let canary = Canary::new(plugin, slice, &self.telemetry, self.subscription.as_str());
-        let stable = self.versions().stable;
+        let now = self.versions();
         self.install(Versions {
-            stable,
+            stable: now.stable,
             canary: Some(canary),
+            shadow: now.shadow,
         });
     }
 
@@ -198,13 +210,21 @@ impl PluginSlot {
     /// Compiles and validates `bytes` off the hot path: a component of the
     /// stable version's world, every import provided.
     async fn compile(&self, bytes: Vec<u8>, origin: &str) -> Result<Plugin, PluginError> {
+        self.compile_with(bytes, origin, self.sandbox.clone()).await
+    }
+
+    async fn compile_with(
+        &self,
+        bytes: Vec<u8>,
+        origin: &str,
+        sandbox: SandboxConfig,
+    ) -> Result<Plugin, PluginError> {
         let stable = self.current();
         let host = self.host.clone();
-        let (path, sub, timeout, sandbox) = (
+        let (path, sub, timeout) = (
             self.path.clone(),
             self.subscription.clone(),
             self.handler_timeout,
-            self.sandbox.clone(),
         );
         let loaded = tokio::task::spawn_blocking(move || {
             host.load_bytes(&path, &bytes, sub, timeout, sandbox)
@@ -245,6 +265,33 @@ impl PluginSlot {
         self.compile(bytes, origin).await.map(Arc::new)
     }
 
+    /// Compiles and validates `bytes` as a shadow candidate: as
+    /// [`Self::prepare`], with outbound HTTP limited to GET, HEAD and
+    /// OPTIONS (see "Shadow").
+    ///
+    /// # Errors
+    /// A [`PluginError`] naming the reason.
+    pub(crate) async fn prepare_shadow(
+        &self,
+        bytes: Vec<u8>,
+        origin: &str,
+    ) -> Result<Arc<Plugin>, PluginError> {
+        let mut sandbox = self.sandbox.clone();
+        if let Some(http) = &mut Arc::make_mut(&mut sandbox.grants).http {
+            http.safe_methods_only = true;
+        }
+        self.compile_with(bytes, origin, sandbox)
+            .await
+            .map(Arc::new)
+    }
+
+    /// The running shadow's candidate and counters, if one runs.
+    pub(crate) fn shadow(&self) -> Option<(PluginDigest, [u64; 5])> {
+        self.versions()
+            .shadow
+            .map(|s| (s.digest().clone(), s.counters.totals()))
+    }
+
     /// What this instance counted of the running canary, if one runs.
     pub(crate) fn canary_counts(&self) -> Option<crate::versions::CanaryCounts> {
         self.versions().canary.as_ref().map(Canary::counts)
@@ -269,12 +316,15 @@ impl PluginSlot {
         &self,
         stable: Arc<Plugin>,
         canary: Option<(Arc<Plugin>, KeySlice)>,
+        shadow: Option<Arc<Plugin>>,
         origin: &str,
         since: Instant,
     ) {
         let _one_at_a_time = self.swapping.lock().await;
         let now = self.versions();
         let same_stable = now.stable.digest() == stable.digest();
+        let same_shadow =
+            now.shadow.as_ref().map(shadow::Shadow::digest) == shadow.as_ref().map(|p| p.digest());
         let kept = match (&now.canary, &canary) {
             (Some(c), Some((p, slice))) if c.plugin.digest() == p.digest() && c.slice == *slice => {
                 Some(Some(c.clone()))
@@ -282,7 +332,31 @@ impl PluginSlot {
             (None, None) => Some(None),
             _ => None,
         };
+        if same_stable && kept.is_some() && same_shadow {
+            return;
+        }
+        let shadow = if same_shadow {
+            now.shadow.clone()
+        } else {
+            if let Some(p) = &shadow {
+                tracing::info!(subscription = %self.subscription, origin, shadow = %p.digest(), "shadow started: every record goes to the candidate after the live version; its effects are compared, never applied");
+            } else {
+                tracing::info!(subscription = %self.subscription, origin, "shadow ended");
+            }
+            shadow.map(|p| {
+                shadow::Shadow::start(
+                    p,
+                    shadow::ShadowCounters::new(&self.telemetry, self.subscription.as_str()),
+                )
+            })
+        };
         if same_stable && kept.is_some() {
+            let canary = kept.flatten();
+            self.install(Versions {
+                stable,
+                canary,
+                shadow,
+            });
             return;
         }
         let canary = match kept {
@@ -296,7 +370,11 @@ impl PluginSlot {
         let new_candidate = canary
             .as_ref()
             .map(|c| (c.plugin.digest().clone(), c.slice));
-        self.install(Versions { stable, canary });
+        self.install(Versions {
+            stable,
+            canary,
+            shadow,
+        });
         let live_after_ms = since.elapsed().as_millis() as u64;
         let sub = &self.subscription;
         match (old_candidate, new_candidate) {
@@ -434,7 +512,13 @@ impl HandlerFactory for PluginSlot {
 
     async fn create(&self, lane: LaneId) -> Result<SlotInstance, PluginError> {
         let versions = self.versions();
-        SlotInstance::new(&versions.stable, versions.canary.as_ref(), lane).await
+        SlotInstance::new(
+            &versions.stable,
+            versions.canary.as_ref(),
+            versions.shadow.clone(),
+            lane,
+        )
+        .await
     }
 
     fn generation(&self) -> u64 {

@@ -40,7 +40,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::{MetricType, counter, gauge, histogram};
 use prometheus_client::registry::Registry;
 
-pub(crate) use status::{CanaryView, SubscriptionStatus, VersionCounts};
+pub(crate) use status::{CanaryView, ShadowView, SubscriptionStatus, VersionCounts};
 
 use crate::ids::SubscriptionName;
 

@@ -628,3 +628,233 @@ async fn all_run_lines(hosts: &mut [&mut HostProcess], digest: &str) {
         .unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shadow_is_compared_exactly_and_nothing_it_does_is_applied() {
+    use shardlane_testkit::admin::{http, metric_sum};
+    let examples = shardlane_testkit::build_examples(shardlane_testkit::Language::Rust).unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (unique_name("shadowed"), unique_name("totals"));
+    kinesis.create_stream(&input, 2).await.unwrap();
+    kinesis.create_stream(&output, 1).await.unwrap();
+    // Live: echo (acks, writes nothing). Shadow: running-total, which
+    // writes its key's total to state and publishes it, and rejects data
+    // that is not an amount.
+    let cfg = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret\"\n\n[lease]\nstore = \"file\"\npath = \"{}\"\n{}",
+        dir.path().join("leases").display(),
+        crate::common::subscription(
+            "shadowed",
+            &input,
+            &examples.echo,
+            &format!(
+                "start = \"trim_horizon\"\nstate = {{}}\noutputs = [\"{output}\"]\nconfig = {{ output_stream = \"{output}\" }}"
+            ),
+        )
+    );
+    let config_path = dir.path().join("shardlane.toml");
+    std::fs::write(&config_path, &cfg).unwrap();
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    host.wait_for("admin listening", Duration::from_secs(60), |lines| {
+        lines
+            .iter()
+            .any(|l| field(l, "message").starts_with("admin listening"))
+    })
+    .await
+    .unwrap();
+    let addr = crate::common::admin_addr(&host);
+    let shadow = std::fs::read(&examples.running_total).unwrap();
+    let (status, body) = http(
+        &addr,
+        "PUT",
+        "/subscriptions/shadowed/shadow",
+        Some("s3cret"),
+        &shadow,
+    );
+    assert_eq!(status, 200, "{body}");
+
+    let (valid, invalid) = (30, 4);
+    let mut records: Vec<(String, Vec<u8>)> = (0..valid)
+        .map(|i| {
+            (
+                format!("k{}", i % 4),
+                format!("{{\"amount\": {i}}}").into_bytes(),
+            )
+        })
+        .collect();
+    for i in 0..invalid {
+        records.insert(i * 7, (format!("k{i}"), b"not an amount".to_vec()));
+    }
+    kinesis.put_records(&input, &records).await.unwrap();
+    let total = (valid + invalid) as f64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let metrics = loop {
+        let (_, metrics) = http(&addr, "GET", "/metrics", None, b"");
+        if metric_sum(&metrics, "shardlane_shadow_calls_total", &[]) >= total {
+            break metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the shadow did not make every call:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let diffs = |kind: &str| {
+        metric_sum(
+            &metrics,
+            "shardlane_shadow_diffs_total",
+            &[&format!("kind=\"{kind}\"")],
+        )
+    };
+    assert_eq!(
+        metric_sum(&metrics, "shardlane_shadow_calls_total", &[]),
+        total
+    );
+    assert_eq!(
+        diffs("outcome"),
+        invalid as f64,
+        "the shadow rejects what the live version acks"
+    );
+    assert_eq!(
+        diffs("state"),
+        valid as f64,
+        "the shadow writes a total per amount"
+    );
+    assert_eq!(
+        diffs("output"),
+        valid as f64,
+        "the shadow publishes a total per amount"
+    );
+    assert_eq!(
+        metric_sum(&metrics, "shardlane_shadow_dropped_total", &[]),
+        0.0
+    );
+    // The first differences are logged with shard and sequence number.
+    let logged: Vec<_> = host
+        .lines()
+        .into_iter()
+        .filter(|l| field(l, "message").starts_with("shadow differs"))
+        .collect();
+    assert!(!logged.is_empty() && logged.len() <= 10, "{}", logged.len());
+    assert!(!field(&logged[0], "sequence_number").is_empty());
+    // Nothing the shadow did was applied: no output, no state.
+    assert!(host.terminate().await.unwrap().success());
+    assert!(
+        kinesis.read_all(&output).await.unwrap().is_empty(),
+        "the shadow's outputs were published"
+    );
+    let out = cli(
+        &[
+            "state",
+            "get",
+            "-c",
+            config_path.to_str().unwrap(),
+            "-s",
+            "shadowed",
+            "-k",
+            "k0",
+            "-k",
+            "k1",
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.matches("(no state)").count(),
+        2,
+        "the shadow's state was written: {text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shadow_may_only_get_head_and_options() {
+    use shardlane_testkit::admin::{http, metric_sum};
+    use shardlane_testkit::http_server::HttpServer;
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let server = HttpServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (unique_name("shadowhttp"), unique_name("fetched"));
+    kinesis.create_stream(&input, 1).await.unwrap();
+    kinesis.create_stream(&output, 1).await.unwrap();
+    // Live and shadow: the publisher guest, which GETs or POSTs what the
+    // record says and publishes the answer.
+    let cfg = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret\"\n\n[lease]\nstore = \"memory\"\n{}",
+        crate::common::subscription(
+            "fetch",
+            &input,
+            &guests.publisher,
+            &format!(
+                "start = \"trim_horizon\"\nhandler_timeout = \"10s\"\noutputs = [\"{output}\"]\nconfig = {{ out_stream = \"{output}\" }}\nhttp = {{ allow = [\"{}\"], timeout = \"2s\" }}",
+                server.authority()
+            ),
+        )
+    );
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    host.wait_for("admin listening", Duration::from_secs(60), |lines| {
+        lines
+            .iter()
+            .any(|l| field(l, "message").starts_with("admin listening"))
+    })
+    .await
+    .unwrap();
+    let addr = crate::common::admin_addr(&host);
+    let shadow = guests::variant(&guests.publisher, "shadow", dir.path()).unwrap();
+    let (status, body) = http(
+        &addr,
+        "PUT",
+        "/subscriptions/fetch/shadow",
+        Some("s3cret"),
+        &std::fs::read(&shadow).unwrap(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let records = vec![
+        (
+            "a".to_owned(),
+            format!("get:{}", server.url("/ok")).into_bytes(),
+        ),
+        (
+            "b".to_owned(),
+            format!("post:{}", server.url("/ok")).into_bytes(),
+        ),
+    ];
+    kinesis.put_records(&input, &records).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let metrics = loop {
+        let (_, metrics) = http(&addr, "GET", "/metrics", None, b"");
+        if metric_sum(&metrics, "shardlane_shadow_calls_total", &[]) >= 2.0 {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Live: GET and POST reach the server; the shadow: only the GET.
+    assert_eq!(server.requests(), 3);
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "shardlane_shadow_diffs_total",
+            &["kind=\"output\""]
+        ),
+        1.0,
+        "only the POST's answer differs (denied in the shadow)"
+    );
+    let denied = host
+        .lines()
+        .into_iter()
+        .find(|l| field(l, "message").starts_with("shadow differs"))
+        .expect("the difference is logged");
+    assert!(
+        field(&denied, "candidate").contains("HTTP-request-denied")
+            || field(&denied, "candidate").contains("HttpRequestDenied"),
+        "{denied:?}"
+    );
+    assert!(host.terminate().await.unwrap().success());
+}

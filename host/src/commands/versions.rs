@@ -88,6 +88,18 @@ impl CanaryOptions {
     }
 }
 
+/// What `shardlane deploy` makes of the plugin.
+#[derive(Debug, Clone)]
+pub enum DeployAs {
+    /// The stable version.
+    Stable,
+    /// A canary's candidate.
+    Canary(CanaryOptions),
+    /// A shadow candidate: every record after the live version, its
+    /// effects compared and never applied.
+    Shadow,
+}
+
 /// `shardlane deploy`: `plugin` becomes the fleet's stable version of
 /// `subscription` (or, with `canary`, a candidate on that fraction of the
 /// keys). Returns the new versions.
@@ -102,12 +114,13 @@ pub async fn deploy(
     config: &Config,
     subscription_name: &str,
     plugin: &Path,
-    canary: Option<&CanaryOptions>,
+    as_: &DeployAs,
 ) -> anyhow::Result<FleetVersions> {
     let sub = subscription(config, subscription_name)?;
-    let canary = canary
-        .map(|c| c.rules().map(|rules| (c.key_fraction, rules)))
-        .transpose()?;
+    let canary = match as_ {
+        DeployAs::Canary(c) => Some((c.key_fraction, c.rules()?)),
+        _ => None,
+    };
     let bytes = files::read_regular(plugin, MAX_PLUGIN_BYTES)
         .with_context(|| format!("cannot read plugin {}", plugin.display()))?;
     let host = plugin_host(config, None)?;
@@ -152,13 +165,14 @@ pub async fn deploy(
             artifacts.location()
         )
     })?;
-    let command = match canary {
-        None => Command::Deploy(digest),
-        Some((key_fraction, rules)) => Command::Canary {
+    let command = match (as_, canary) {
+        (DeployAs::Shadow, _) => Command::Shadow(digest),
+        (_, Some((key_fraction, rules))) => Command::Canary {
             candidate: digest,
             key_fraction,
             rules,
         },
+        _ => Command::Deploy(digest),
     };
     Ok(update_versions(&*store, &sub.name, command, &by()).await?)
 }
@@ -183,6 +197,14 @@ pub async fn versions(
 /// No canary runs; no such subscription; the lease store fails.
 pub async fn promote(config: &Config, subscription_name: &str) -> anyhow::Result<FleetVersions> {
     change(config, subscription_name, Command::Promote).await
+}
+
+/// `shardlane rollback --shadow`: stops the shadow candidate.
+///
+/// # Errors
+/// No shadow runs; no such subscription; the lease store fails.
+pub async fn end_shadow(config: &Config, subscription_name: &str) -> anyhow::Result<FleetVersions> {
+    change(config, subscription_name, Command::EndShadow).await
 }
 
 /// `shardlane rollback`: drops a running canary; without one, sets the

@@ -61,6 +61,8 @@ pub(super) fn router(state: Arc<OpsState>, routes: Routes) -> Router {
         .route("/subscriptions/{name}/canary", put(canary))
         .route("/subscriptions/{name}/canary/promote", post(promote))
         .route("/subscriptions/{name}/canary/rollback", post(rollback))
+        .route("/subscriptions/{name}/shadow", put(shadow))
+        .route("/subscriptions/{name}/shadow/stop", post(shadow_stop))
         .route_layer(RequestBodyLimitLayer::new(MAX_PLUGIN_UPLOAD))
         // The token first (the outermost route layer): a caller without it
         // learns nothing about names, parameters or sizes.
@@ -180,6 +182,19 @@ enum Admin {
     Canary(Vec<u8>, KeySlice),
     Promote,
     Rollback,
+    Shadow(Vec<u8>),
+    ShadowStop,
+}
+
+async fn shadow(State(ctx): State<Ctx>, Path(name): Path<String>, body: Body) -> Response {
+    match read_upload(body).await {
+        Ok(upload) => write(&ctx, &name, Admin::Shadow(upload)).await,
+        Err(refused) => refused,
+    }
+}
+
+async fn shadow_stop(State(ctx): State<Ctx>, Path(name): Path<String>) -> Response {
+    write(&ctx, &name, Admin::ShadowStop).await
 }
 
 async fn swap(State(ctx): State<Ctx>, Path(name): Path<String>, body: Body) -> Response {
@@ -234,6 +249,8 @@ async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
         }
         Admin::Promote => rollout.change(Command::Promote, "admin API").await,
         Admin::Rollback => rollout.change(Command::DropCanary, "admin API").await,
+        Admin::Shadow(upload) => rollout.deploy_shadow(upload, "admin API").await,
+        Admin::ShadowStop => rollout.change(Command::EndShadow, "admin API").await,
     };
     let report = |new: String| {
         axum::Json(Report {

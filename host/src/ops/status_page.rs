@@ -42,6 +42,8 @@ struct SubscriptionSnapshot {
     history: Vec<crate::versions::Change>,
     /// Why the fleet's versions do not run here, while they do not.
     version_problem: Option<String>,
+    /// The shadow candidate and its counts, while one runs.
+    shadow: Option<crate::telemetry::ShadowView>,
 }
 
 #[derive(serde::Serialize)]
@@ -115,6 +117,7 @@ pub(super) fn snapshot(state: &OpsState) -> Snapshot {
                 lease_changes: status.lease_changes().into_iter().map(Into::into).collect(),
                 history: status.history(),
                 version_problem: status.version_problem(),
+                shadow: status.shadow(),
             })
             .collect(),
     }
@@ -162,6 +165,14 @@ pub(super) fn page(state: &OpsState) -> String {
     html
 }
 
+/// A shadow candidate in words (the script writes the same).
+fn shadow_text(s: &crate::telemetry::ShadowView) -> String {
+    format!(
+        "shadow {}: {} calls compared, differing in outcome {}, output {}, state {}; {} dropped (behind)",
+        s.digest, s.calls, s.outcome, s.output, s.state, s.dropped
+    )
+}
+
 /// One subscription's section: its versions, shards, lanes and latest
 /// lease changes.
 fn subscription(html: &mut String, name: &str, status: &SubscriptionStatus) {
@@ -182,8 +193,9 @@ fn subscription(html: &mut String, name: &str, status: &SubscriptionStatus) {
     }
     let _ = write!(
         html,
-        "<p class=\"version-problem\">{}</p>",
-        escape(&status.version_problem().unwrap_or_default())
+        "<p class=\"version-problem\">{}</p><p class=\"shadow\">{}</p>",
+        escape(&status.version_problem().unwrap_or_default()),
+        escape(&status.shadow().map(|s| shadow_text(&s)).unwrap_or_default()),
     );
     html.push_str("<table class=\"versions\"><tr><th>version</th><th>digest</th><th>records/s</th><th>ack</th><th>retry</th><th>reject</th><th>failed</th><th>not acked, last 5 min</th></tr>");
     for v in status.versions() {

@@ -33,7 +33,7 @@ pub enum StateError {
 }
 
 /// A key of the call.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Slot {
     pub(super) key: PartitionKey,
     /// The state as the call found it.
@@ -203,6 +203,30 @@ impl CallState {
                 inner.slots[whole].view = std::mem::take(&mut slot.view);
             }
         }
+    }
+
+    /// A copy for a shadow call (see `crate::swap`): the state as this
+    /// call sees it now, with no writes of its own. Its writes are never
+    /// staged or committed: whoever holds it only compares them.
+    pub fn fork(&self) -> CallState {
+        CallState {
+            inner: self.inner.as_ref().map(|inner| {
+                Box::new(Inner {
+                    config: inner.config.clone(),
+                    now_ms: inner.now_ms,
+                    inputs: inner.inputs.clone(),
+                    slots: inner.slots.clone(),
+                    deltas: vec![Delta::new(); inner.inputs.len()],
+                })
+            }),
+        }
+    }
+
+    /// Every input's writes so far, in input order (empty without state).
+    pub fn deltas(&self) -> Vec<Delta> {
+        self.inner
+            .as_ref()
+            .map_or_else(Vec::new, |i| i.deltas.clone())
     }
 
     /// True when input `input` wrote.

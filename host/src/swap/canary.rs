@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use super::shadow::{Live, Shadow, ShadowCall};
 use crate::channel::Record;
 use crate::dispatch::{CallError, Handled, Handler, Outcome};
 use crate::ids::{LaneId, PluginDigest};
@@ -171,6 +172,7 @@ impl Canary {
 pub(crate) struct SlotInstance {
     stable: Instance,
     canary: Option<CanaryInstance>,
+    shadow: Option<Shadow>,
 }
 
 struct CanaryInstance {
@@ -186,6 +188,7 @@ impl SlotInstance {
     pub(super) async fn new(
         stable: &Plugin,
         canary: Option<&Canary>,
+        shadow: Option<Shadow>,
         lane: LaneId,
     ) -> Result<Self, PluginError> {
         let stable = stable.instantiate(lane).await?;
@@ -198,7 +201,11 @@ impl SlotInstance {
                 candidate_counts: c.candidate_counts.clone(),
             }),
         };
-        Ok(Self { stable, canary })
+        Ok(Self {
+            stable,
+            canary,
+            shadow,
+        })
     }
 
     /// Which version handles `record`.
@@ -217,6 +224,56 @@ impl Handler for SlotInstance {
         attempt: u32,
         state: &mut CallState,
     ) -> Result<Handled<Outcome>, CallError> {
+        let Some(shadow) = self.shadow.clone() else {
+            return self.handle_live(record, attempt, state).await;
+        };
+        let fork = state.fork();
+        let result = self.handle_live(record, attempt, state).await;
+        shadow.offer(ShadowCall {
+            records: vec![(record.clone(), attempt)],
+            batch: false,
+            state: fork,
+            live: Live::of_record(&result, state),
+        });
+        result
+    }
+
+    async fn handle_batch(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+        state: &mut CallState,
+    ) -> Result<Handled<Vec<Outcome>>, CallError> {
+        let Some(shadow) = self.shadow.clone() else {
+            return self.handle_batch_live(records, state).await;
+        };
+        let fork = state.fork();
+        let result = self.handle_batch_live(records, state).await;
+        shadow.offer(ShadowCall {
+            records: records.to_vec(),
+            batch: true,
+            state: fork,
+            live: Live::of_batch(&result, state),
+        });
+        result
+    }
+
+    fn version(&self, record: &Record) -> Option<PluginDigest> {
+        Some(match (&self.canary, self.role_for(record)) {
+            (Some(canary), Role::Candidate) => canary.instance.digest().clone(),
+            _ => self.stable.digest().clone(),
+        })
+    }
+}
+
+impl SlotInstance {
+    /// The live call: the stable version, or the candidate for a key in a
+    /// canary's slice.
+    async fn handle_live(
+        &mut self,
+        record: &Arc<Record>,
+        attempt: u32,
+        state: &mut CallState,
+    ) -> Result<Handled<Outcome>, CallError> {
         let role = self.role_for(record);
         let Some(canary) = &mut self.canary else {
             return self.stable.handle(record, attempt, state).await;
@@ -230,7 +287,9 @@ impl Handler for SlotInstance {
         result
     }
 
-    async fn handle_batch(
+    /// The live batch call, split between the stable version and a
+    /// canary's candidate by key.
+    async fn handle_batch_live(
         &mut self,
         records: &[(Arc<Record>, u32)],
         state: &mut CallState,
@@ -290,13 +349,6 @@ impl Handler for SlotInstance {
         Ok(Handled {
             outcome: merged.into_iter().map(|(_, outcome)| outcome).collect(),
             outputs,
-        })
-    }
-
-    fn version(&self, record: &Record) -> Option<PluginDigest> {
-        Some(match (&self.canary, self.role_for(record)) {
-            (Some(canary), Role::Candidate) => canary.instance.digest().clone(),
-            _ => self.stable.digest().clone(),
         })
     }
 }

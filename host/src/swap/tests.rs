@@ -56,12 +56,18 @@ async fn setting_new_versions_reaches_the_lanes_and_the_same_ones_change_nothing
     let retry = guest(&guests.retry);
     let plugin = slot.prepare(retry.clone(), "test").await.unwrap();
     assert_eq!(slot.generation(), before, "preparing installs nothing");
-    slot.set(plugin.clone(), None, "test", std::time::Instant::now())
-        .await;
+    slot.set(
+        plugin.clone(),
+        None,
+        None,
+        "test",
+        std::time::Instant::now(),
+    )
+    .await;
     assert_eq!(slot.current().digest(), &PluginDigest::of(&retry));
     assert!(slot.generation() > before, "lanes see the change");
     let generation = slot.generation();
-    slot.set(plugin, None, "test", std::time::Instant::now())
+    slot.set(plugin, None, None, "test", std::time::Instant::now())
         .await;
     assert_eq!(slot.generation(), generation);
 }
@@ -94,6 +100,7 @@ async fn a_canary_sends_its_slice_to_the_candidate_until_promoted_or_rolled_back
     slot.set(
         stable.clone(),
         Some((candidate.clone(), slice)),
+        None,
         "test",
         std::time::Instant::now(),
     )
@@ -102,6 +109,7 @@ async fn a_canary_sends_its_slice_to_the_candidate_until_promoted_or_rolled_back
     slot.set(
         stable.clone(),
         Some((candidate.clone(), slice)),
+        None,
         "test",
         std::time::Instant::now(),
     )
@@ -122,12 +130,19 @@ async fn a_canary_sends_its_slice_to_the_candidate_until_promoted_or_rolled_back
         };
         assert_eq!(handler.version(&d.record).as_ref(), Some(expected), "{key}");
     }
-    slot.set(stable.clone(), None, "rollback", std::time::Instant::now())
-        .await;
+    slot.set(
+        stable.clone(),
+        None,
+        None,
+        "rollback",
+        std::time::Instant::now(),
+    )
+    .await;
     assert_eq!(slot.current().digest(), stable.digest());
     assert!(slot.running().1.is_none());
     slot.set(
         candidate.clone(),
+        None,
         None,
         "promote",
         std::time::Instant::now(),
@@ -164,4 +179,69 @@ async fn a_new_file_is_reported_and_an_unreadable_one_is_not() {
     assert_eq!(bytes, retry);
     stop.cancel();
     watcher.await.unwrap();
+}
+
+/// Catches: a shadow whose answers are not compared (or compared with the
+/// wrong call), a difference miscounted, or a shadow that holds the live
+/// path back when it falls behind (it must drop calls instead).
+#[tokio::test]
+async fn a_shadow_counts_exactly_the_calls_that_differ_and_drops_when_behind() {
+    let (slot, _dir, guests) = slot();
+    let stable = slot.prepare(guest(&guests.retry), "test").await.unwrap();
+    let shadow = slot
+        .prepare_shadow(guest(&guests.noop), "test")
+        .await
+        .unwrap();
+    slot.set(
+        stable,
+        None,
+        Some(shadow),
+        "test",
+        std::time::Instant::now(),
+    )
+    .await;
+    let mut handler = slot.create(LaneId(0)).await.unwrap();
+    // The retry guest retries data starting with "retry" on its first
+    // attempt; noop acks everything: 3 outcome differences in 10 calls.
+    for i in 0..10u64 {
+        let data = if i % 4 == 0 { "retry-me" } else { "fine" };
+        let mut d = delivery(&format!("key-{i}"), i);
+        Arc::get_mut(&mut d.record).unwrap().data = data.as_bytes().to_vec();
+        let mut state = crate::state::CallState::default();
+        handler.handle(&d.record, 1, &mut state).await.unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, [calls, dropped, outcome, output, state]) = slot.shadow().unwrap();
+        if calls == 10 {
+            assert_eq!((dropped, outcome, output, state), (0, 3, 0, 0));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shadow made {calls} of 10 calls"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A shadow that sleeps 100 ms a call behind a live version that does
+    // not: the live calls never wait, and what the shadow cannot take is
+    // dropped.
+    let noop = slot.prepare(guest(&guests.noop), "test").await.unwrap();
+    let slow = slot
+        .prepare_shadow(guest(&guests.slow), "test")
+        .await
+        .unwrap();
+    slot.set(noop, None, Some(slow), "test", std::time::Instant::now())
+        .await;
+    let mut handler = slot.create(LaneId(0)).await.unwrap();
+    let calls = super::shadow::QUEUE as u64 + 50;
+    for i in 0..calls {
+        let mut d = delivery("key", i);
+        Arc::get_mut(&mut d.record).unwrap().data = b"sleep=100;".to_vec();
+        let mut state = crate::state::CallState::default();
+        handler.handle(&d.record, 1, &mut state).await.unwrap();
+    }
+    let (_, [_, dropped, ..]) = slot.shadow().unwrap();
+    assert!(dropped >= 40, "{dropped} of {calls} dropped");
 }

@@ -215,6 +215,23 @@ impl Coverage {
     }
 }
 
+/// A shadow candidate as the status page shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct ShadowView {
+    /// Its digest.
+    pub digest: String,
+    /// Calls made again and compared.
+    pub calls: u64,
+    /// Calls dropped because it fell behind.
+    pub dropped: u64,
+    /// Calls whose outcomes differed.
+    pub outcome: u64,
+    /// Calls whose outputs differed.
+    pub output: u64,
+    /// Calls whose state writes differed.
+    pub state: u64,
+}
+
 /// Entries of the fleet's version history the status page shows.
 pub(crate) const HISTORY_SHOWN: usize = 10;
 
@@ -232,6 +249,8 @@ pub(crate) struct SubscriptionStatus {
     history: Mutex<Vec<crate::versions::Change>>,
     /// Why the fleet's versions do not run here, while they do not.
     version_problem: Mutex<Option<String>>,
+    /// The shadow candidate and its counts, while one runs.
+    shadow: Mutex<Option<ShadowView>>,
     synced: AtomicBool,
     coverage: Mutex<Coverage>,
 }
@@ -401,6 +420,19 @@ impl SubscriptionStatus {
     pub(crate) fn set_history(&self, history: &[crate::versions::Change]) {
         let latest = history.iter().rev().take(HISTORY_SHOWN).cloned().collect();
         *self.history.lock().unwrap_or_else(|e| e.into_inner()) = latest;
+    }
+
+    /// The shadow candidate and its counts (`None`: no shadow runs).
+    pub(crate) fn set_shadow(&self, shadow: Option<ShadowView>) {
+        *self.shadow.lock().unwrap_or_else(|e| e.into_inner()) = shadow;
+    }
+
+    /// The shadow candidate and its counts, while one runs.
+    pub(crate) fn shadow(&self) -> Option<ShadowView> {
+        self.shadow
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Why the fleet's versions cannot run here (`None`: they do).

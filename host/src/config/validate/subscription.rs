@@ -503,6 +503,7 @@ impl Subscription<'_, '_> {
                 (1, "1 byte"),
                 "\"1MiB\", \"64KiB\"",
             )? as u64,
+            safe_methods_only: false,
         })
     }
 

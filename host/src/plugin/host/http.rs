@@ -8,7 +8,8 @@
 //! - the destination is the request's host (lower case, IPv6 without
 //!   brackets) and port (80 for `http`, 443 for `https` when the URL has
 //!   none), compared with each allowed `host:port`; anything else fails
-//!   with `error-code.HTTP-request-denied`, which the guest sees as the
+//!   with `error-code.HTTP-request-denied` (so does any method but GET,
+//!   HEAD and OPTIONS from a shadow candidate), which the guest sees as the
 //!   request's result, and counts as `denied`;
 //! - connecting, the first response byte and each gap between body bytes
 //!   are each bounded by `http.timeout` and by the time left in the call
@@ -125,8 +126,19 @@ impl WasiHttpHooks for HttpGate {
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Sent {
+        let safe = |m: &http::Method| {
+            matches!(
+                *m,
+                http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+            )
+        };
         let grant = match &self.grant {
-            Some(grant) if self.allows(grant, request.uri()) => grant.clone(),
+            Some(grant)
+                if self.allows(grant, request.uri())
+                    && (!grant.safe_methods_only || safe(request.method())) =>
+            {
+                grant.clone()
+            }
             _ => {
                 self.metrics.denied.inc();
                 tracing::debug!(uri = %request.uri(), "outbound HTTP request denied: destination not in http.allow");

@@ -6,6 +6,7 @@
 //! - `reject:<x>`: publishes `rejected:<x>` and rejects;
 //! - `get:<url>`: GETs `<url>` over wasi:http and publishes what came back
 //!   (`status=<n> bytes=<n>`, or `error=<code>`), then acks;
+//! - `post:<url>`: the same with a POST (no body);
 //! - anything else: publishes `<prefix><data>` and acks, where `<prefix>`
 //!   is config `prefix`, or `unset:` when that key is not set.
 //!
@@ -22,7 +23,7 @@ use shardlane::plugin::log::{Level, log};
 use shardlane::plugin::outputs::publish;
 use wasi::config::store;
 use wasi::http::outgoing_handler;
-use wasi::http::types::{Fields, OutgoingRequest, Scheme};
+use wasi::http::types::{Fields, Method, OutgoingRequest, Scheme};
 
 struct Publisher;
 
@@ -39,6 +40,11 @@ fn out(record: &KinesisRecord, data: &str) {
 
 /// GETs `url`: `status=<n> bytes=<n>`, or `error=<code>`.
 fn get(url: &str) -> String {
+    fetch(&Method::Get, url)
+}
+
+/// `method` on `url`: `status=<n> bytes=<n>`, or `error=<code>`.
+fn fetch(method: &Method, url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some(("https", rest)) => (Scheme::Https, rest),
         Some((_, rest)) => (Scheme::Http, rest),
@@ -49,6 +55,7 @@ fn get(url: &str) -> String {
         None => (rest, "/"),
     };
     let request = OutgoingRequest::new(Fields::new());
+    let _ = request.set_method(method);
     let _ = request.set_scheme(Some(&scheme));
     let _ = request.set_authority(Some(authority));
     let _ = request.set_path_with_query(Some(path));
@@ -99,6 +106,11 @@ impl Guest for Publisher {
         } else if let Some(x) = data.strip_prefix("reject:") {
             out(&record, &format!("rejected:{x}"));
             Outcome::Reject("asked to reject".into())
+        } else if let Some(url) = data.strip_prefix("post:") {
+            let got = fetch(&Method::Post, url);
+            log(Level::Info, &format!("posted {url}: {got}"));
+            out(&record, &got);
+            Outcome::Ack
         } else if let Some(url) = data.strip_prefix("get:") {
             let got = get(url);
             log(Level::Info, &format!("fetched {url}: {got}"));
