@@ -858,3 +858,86 @@ async fn a_shadow_may_only_get_head_and_options() {
     );
     assert!(host.terminate().await.unwrap().success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_shadow_never_holds_the_live_checkpoint() {
+    use shardlane_testkit::admin::{http, metric_sum};
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let input = unique_name("slowshadow");
+    kinesis.create_stream(&input, 1).await.unwrap();
+    // Live: the retry guest, which acks these at once; shadow: the slow
+    // guest, which sleeps 300 ms on each.
+    let cfg = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret\"\n\n[lease]\nstore = \"memory\"\n{}",
+        crate::common::subscription(
+            "live",
+            &input,
+            &guests.retry,
+            "start = \"trim_horizon\""
+        )
+    );
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    host.wait_for("admin listening", Duration::from_secs(60), |lines| {
+        lines
+            .iter()
+            .any(|l| field(l, "message").starts_with("admin listening"))
+    })
+    .await
+    .unwrap();
+    let addr = crate::common::admin_addr(&host);
+    let slow = guests::variant(&guests.slow, "shadow", dir.path()).unwrap();
+    let (status, body) = http(
+        &addr,
+        "PUT",
+        "/subscriptions/live/shadow",
+        Some("s3cret"),
+        &std::fs::read(&slow).unwrap(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let records: Vec<(String, Vec<u8>)> = (0..400)
+        .map(|i| (format!("k{}", i % 8), b"sleep=300;".to_vec()))
+        .collect();
+    kinesis.put_records(&input, &records).await.unwrap();
+    host.wait_for(
+        "every record handled live",
+        Duration::from_secs(60),
+        |lines| handled(lines).len() >= records.len(),
+    )
+    .await
+    .unwrap();
+    let last = handled(&host.lines())
+        .into_iter()
+        .map(|(_, _, seq)| seq)
+        .max_by(|a, b| crate::common::seq_key(a).cmp(&crate::common::seq_key(b)))
+        .unwrap();
+    // The live checkpoint reaches the last record while the shadow has
+    // made a fraction of the calls and dropped what it could not queue.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, json) = http(&addr, "GET", "/status.json", None, b"");
+        let snapshot: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let checkpoint = snapshot["subscriptions"][0]["shards"][0]["checkpoint"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if checkpoint == last {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the checkpoint is at {checkpoint:?}, the last record at {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, metrics) = http(&addr, "GET", "/metrics", None, b"");
+    let calls = metric_sum(&metrics, "shardlane_shadow_calls_total", &[]);
+    let dropped = metric_sum(&metrics, "shardlane_shadow_dropped_total", &[]);
+    assert!(calls < 100.0, "the shadow is behind: {calls} calls");
+    assert!(dropped > 0.0, "what it cannot queue is dropped: {dropped}");
+    eprintln!(
+        "slow shadow: live checkpoint at the last of 400 records; shadow made {calls} calls, dropped {dropped}"
+    );
+    assert!(host.terminate().await.unwrap().success());
+}
