@@ -535,12 +535,16 @@ async fn a_failing_canary_is_rolled_back_by_itself_and_a_healthy_one_promoted() 
     let artifacts = dir.path().join("artifacts");
     let env = env(&kinesis, &dynalite);
     // The stable version (echo) acks everything; the first candidate (the
-    // retry guest) retries every record whose data starts with "retry"
-    // once: a fifth of the records.
+    // chaos guest) traps on every record whose data starts with "trap": a
+    // fifth of the records. Attempts are unlimited (the default), so a
+    // record the candidate trapped on is tried again until the rollback
+    // sends it to the stable version: nothing is lost. A trapped record
+    // holds its lane (sequential dispatch) between attempts, so the
+    // candidate's records come slowly: the rule judges after 10.
     let (stop, producer) =
         crate::common::trickle(&kinesis, &stream, 2, Duration::from_millis(50), |n| {
             let data = if n % 5 == 0 {
-                format!("retry-{n}")
+                format!("trap-{n}")
             } else {
                 format!("ok-{n}")
             };
@@ -570,15 +574,15 @@ async fn a_failing_canary_is_rolled_back_by_itself_and_a_healthy_one_promoted() 
     deploy(
         cli_config,
         &env,
-        &[&rule[..], &["--min-records", "40"]].concat(),
-        &guests.retry,
+        &[&rule[..], &["--min-records", "10"]].concat(),
+        &guests.chaos,
     );
     let (text, took) = versions_until(&versions, &env, Duration::from_secs(60), |t| {
         t.contains("auto-rollback")
     })
     .await;
     eprintln!(
-        "a canary failing 20 % of its records: rolled back by its rule {took:?} after the deploy returned\n{text}"
+        "a canary trapping on 20 % of its records: rolled back by its rule {took:?} after the deploy returned\n{text}"
     );
     assert!(!text.contains("canary:  "), "no canary left: {text}");
     assert!(text.contains(&format!("stable:  {echo}")), "{text}");
@@ -607,6 +611,30 @@ async fn a_failing_canary_is_rolled_back_by_itself_and_a_healthy_one_promoted() 
     stop.store(true, Ordering::SeqCst);
     let put = producer.await.unwrap();
     everything_handled(&mut a, &[&b], &put, handled_data).await;
+    // The chaos guest logs a record before it traps on it: every record it
+    // trapped on must have been acked by echo since.
+    let echoed: std::collections::HashSet<String> = [&a, &b]
+        .iter()
+        .flat_map(|h| h.lines())
+        .filter(|l| field(l, "message").starts_with("echo "))
+        .filter_map(|l| {
+            Some(
+                field(&l, "message")
+                    .split_once(" data=")?
+                    .1
+                    .trim_matches('"')
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let trapped: Vec<&String> = put
+        .iter()
+        .filter(|d| d.starts_with("trap-") && !echoed.contains(*d))
+        .collect();
+    assert!(
+        trapped.is_empty(),
+        "trapped on and never handled since: {trapped:?}"
+    );
     for host in [&mut a, &mut b] {
         assert!(host.terminate().await.unwrap().success());
     }
@@ -871,12 +899,7 @@ async fn a_slow_shadow_never_holds_the_live_checkpoint() {
     // guest, which sleeps 300 ms on each.
     let cfg = format!(
         "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret\"\n\n[lease]\nstore = \"memory\"\n{}",
-        crate::common::subscription(
-            "live",
-            &input,
-            &guests.retry,
-            "start = \"trim_horizon\""
-        )
+        crate::common::subscription("live", &input, &guests.retry, "start = \"trim_horizon\"")
     );
     let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
     host.wait_for("admin listening", Duration::from_secs(60), |lines| {
