@@ -27,7 +27,7 @@ use super::{LOG_INTERVAL, MAX_PLUGIN_UPLOAD, OpsState, Routes, status_page};
 use crate::ids::SubscriptionName;
 use crate::key_slice::KeySlice;
 use crate::rollout::RolloutError;
-use crate::versions::{Command, VersionsError};
+use crate::versions::{CanaryRules, Command, VersionsError};
 
 /// Longest a read-only request may take: they answer from memory.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -179,7 +179,7 @@ struct Report {
 /// A write through the admin API.
 enum Admin {
     Swap(Vec<u8>),
-    Canary(Vec<u8>, KeySlice),
+    Canary(Vec<u8>, KeySlice, CanaryRules),
     Promote,
     Rollback,
     Shadow(Vec<u8>),
@@ -210,12 +210,17 @@ async fn canary(
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    let slice = match key_fraction(query.as_deref().unwrap_or_default()) {
+    let query = query.as_deref().unwrap_or_default();
+    let slice = match key_fraction(query) {
         Ok(slice) => slice,
         Err(message) => return text(StatusCode::BAD_REQUEST, message),
     };
+    let rules = match canary_rules(query) {
+        Ok(rules) => rules,
+        Err(message) => return text(StatusCode::BAD_REQUEST, message),
+    };
     match read_upload(body).await {
-        Ok(upload) => write(&ctx, &name, Admin::Canary(upload, slice)).await,
+        Ok(upload) => write(&ctx, &name, Admin::Canary(upload, slice, rules)).await,
         Err(refused) => refused,
     }
 }
@@ -241,8 +246,7 @@ async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
     let old = rollout.running();
     let done = match action {
         Admin::Swap(upload) => rollout.deploy(upload, None, "admin API").await,
-        Admin::Canary(upload, slice) => {
-            let rules = crate::versions::CanaryRules::default();
+        Admin::Canary(upload, slice, rules) => {
             rollout
                 .deploy(upload, Some((slice, rules)), "admin API")
                 .await
@@ -279,6 +283,50 @@ async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
         }
         Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     }
+}
+
+/// A canary start's rules from its query: `failure_rate` (with
+/// `min_records`, default 100) and `promote_after` (a duration); none set,
+/// a person decides.
+fn canary_rules(query: &str) -> Result<CanaryRules, String> {
+    let param = |name: &str| {
+        query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+    };
+    let mut rules = CanaryRules {
+        min_records: crate::config::defaults::CANARY_MIN_RECORDS,
+        ..CanaryRules::default()
+    };
+    if let Some(rate) = param("failure_rate") {
+        match rate.parse::<f64>() {
+            Ok(rate) if (0.0..1.0).contains(&rate) => rules.rollback_failure_rate = Some(rate),
+            _ => {
+                return Err(format!(
+                    "failure_rate {:?}: must be a number from 0 to less than 1\n",
+                    capped(rate)
+                ));
+            }
+        }
+    }
+    if let Some(n) = param("min_records") {
+        rules.min_records = n.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+            format!(
+                "min_records {:?}: must be a whole number above 0\n",
+                capped(n)
+            )
+        })?;
+    }
+    if let Some(after) = param("promote_after") {
+        let after = humantime::parse_duration(after).map_err(|_| {
+            format!(
+                "promote_after {:?}: must be a duration, e.g. 10m\n",
+                capped(after)
+            )
+        })?;
+        rules.promote_after_ms = Some(after.as_millis() as u64);
+    }
+    Ok(rules)
 }
 
 /// The `key_fraction` query parameter of a canary start.
@@ -332,4 +380,29 @@ fn is_over_limit(e: &(dyn std::error::Error + 'static)) -> bool {
         next = e.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Catches: a canary started through the admin API without the rules
+    /// its query names (it would never decide), or a bad rule accepted.
+    #[test]
+    fn a_canary_query_carries_its_rules() {
+        let rules =
+            canary_rules("key_fraction=0.1&failure_rate=0.05&min_records=500&promote_after=10m")
+                .unwrap();
+        assert_eq!(rules.rollback_failure_rate, Some(0.05));
+        assert_eq!(rules.min_records, 500);
+        assert_eq!(rules.promote_after_ms, Some(600_000));
+        let none = canary_rules("key_fraction=0.1").unwrap();
+        assert_eq!(
+            (none.rollback_failure_rate, none.promote_after_ms),
+            (None, None)
+        );
+        for bad in ["failure_rate=1.5", "min_records=0", "promote_after=soon"] {
+            assert!(canary_rules(bad).is_err(), "{bad}");
+        }
+    }
 }
