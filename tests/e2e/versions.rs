@@ -171,6 +171,21 @@ async fn a_deploy_reaches_the_fleet_survives_kill_9_and_rolls_back() {
         "deploy: the whole fleet of three runs the new version {took:?} after the command returned"
     );
 
+    // Up to here (start, balancing by graceful hand-overs, the deploy)
+    // nothing was handled twice: lanes switch versions at a record
+    // boundary, and settlement never sees a version change.
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    for host in [&a, &b, &c] {
+        for data in retry_data(&host.lines()) {
+            *seen.entry(data).or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "handled twice before any crash: {twice:?}"
+    );
+
     // kill -9 one; a restart with the config's (older) plugin runs the
     // deployed version from its first record.
     c.kill9().unwrap();
