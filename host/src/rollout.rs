@@ -271,20 +271,24 @@ impl Rollout {
         if let Some(plugin) = self.compiled(digest) {
             return Ok(plugin);
         }
+        let (bytes, origin) = self.fetch(digest).await?;
+        let plugin = self.slot.prepare(bytes, &origin).await?;
+        self.keep(plugin.clone());
+        Ok(plugin)
+    }
+
+    /// The bytes of `digest` from the artifact store (checked there), and
+    /// where they came from.
+    async fn fetch(&self, digest: &PluginDigest) -> Result<(Vec<u8>, String), RolloutError> {
         let artifacts = self
             .artifacts
             .as_ref()
             .ok_or_else(|| RolloutError::Unavailable(digest.clone()))?;
         let bytes = artifacts.fetch(digest).await?;
-        let plugin = self
-            .slot
-            .prepare(
-                bytes,
-                &format!("{} ({})", artifacts.location(), digest.short()),
-            )
-            .await?;
-        self.keep(plugin.clone());
-        Ok(plugin)
+        Ok((
+            bytes,
+            format!("{} ({})", artifacts.location(), digest.short()),
+        ))
     }
 
     /// The shadow candidate `digest`, compiled for a shadow (outbound HTTP
@@ -299,12 +303,8 @@ impl Rollout {
         if let Some(plugin) = kept {
             return Ok(plugin);
         }
-        let artifacts = self
-            .artifacts
-            .as_ref()
-            .ok_or_else(|| RolloutError::Unavailable(digest.clone()))?;
-        let bytes = artifacts.fetch(digest).await?;
-        let plugin = self.slot.prepare_shadow(bytes, "shadow").await?;
+        let (bytes, origin) = self.fetch(digest).await?;
+        let plugin = self.slot.prepare_shadow(bytes, &origin).await?;
         *self.shadow_known.lock().unwrap_or_else(|e| e.into_inner()) = Some(plugin.clone());
         Ok(plugin)
     }

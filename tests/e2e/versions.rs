@@ -655,6 +655,48 @@ async fn a_failing_canary_is_rolled_back_by_itself_and_a_healthy_one_promoted() 
     }
 }
 
+/// Starts a host on `cfg` (admin token `s3cret`) and, through its admin
+/// API, a shadow of subscription `name` from `shadow`'s bytes; the host
+/// and its admin address.
+async fn shadowed(
+    cfg: &str,
+    kinesis: &Kinesis,
+    name: &str,
+    shadow: &[u8],
+) -> (HostProcess, String) {
+    let mut host = HostProcess::start(shardlane_bin(), cfg, kinesis.endpoint()).unwrap();
+    host.wait_for("admin listening", Duration::from_secs(60), |lines| {
+        lines
+            .iter()
+            .any(|l| field(l, "message").starts_with("admin listening"))
+    })
+    .await
+    .unwrap();
+    let addr = crate::common::admin_addr(&host);
+    let path = format!("/subscriptions/{name}/shadow");
+    let (status, body) =
+        shardlane_testkit::admin::http(&addr, "PUT", &path, Some("s3cret"), shadow);
+    assert_eq!(status, 200, "{body}");
+    (host, addr)
+}
+
+/// `/metrics` once the shadow has made at least `calls` calls.
+async fn shadow_calls_reach(addr: &str, calls: f64) -> String {
+    use shardlane_testkit::admin::{http, metric_sum};
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, metrics) = http(addr, "GET", "/metrics", None, b"");
+        if metric_sum(&metrics, "shardlane_shadow_calls_total", &[]) >= calls {
+            return metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the shadow did not make {calls} calls:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits until every host logs a guest line from version `digest` (short).
 async fn all_run_lines(hosts: &mut [&mut HostProcess], digest: &str) {
     for host in hosts.iter_mut() {
@@ -674,7 +716,7 @@ async fn all_run_lines(hosts: &mut [&mut HostProcess], digest: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_shadow_is_compared_exactly_and_nothing_it_does_is_applied() {
-    use shardlane_testkit::admin::{http, metric_sum};
+    use shardlane_testkit::admin::metric_sum;
     let examples = shardlane_testkit::build_examples(shardlane_testkit::Language::Rust).unwrap();
     let kinesis = Kinesis::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -698,24 +740,8 @@ async fn a_shadow_is_compared_exactly_and_nothing_it_does_is_applied() {
     );
     let config_path = dir.path().join("shardlane.toml");
     std::fs::write(&config_path, &cfg).unwrap();
-    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
-    host.wait_for("admin listening", Duration::from_secs(60), |lines| {
-        lines
-            .iter()
-            .any(|l| field(l, "message").starts_with("admin listening"))
-    })
-    .await
-    .unwrap();
-    let addr = crate::common::admin_addr(&host);
     let shadow = std::fs::read(&examples.running_total).unwrap();
-    let (status, body) = http(
-        &addr,
-        "PUT",
-        "/subscriptions/shadowed/shadow",
-        Some("s3cret"),
-        &shadow,
-    );
-    assert_eq!(status, 200, "{body}");
+    let (mut host, addr) = shadowed(&cfg, &kinesis, "shadowed", &shadow).await;
 
     let (valid, invalid) = (30, 4);
     let mut records: Vec<(String, Vec<u8>)> = (0..valid)
@@ -731,18 +757,7 @@ async fn a_shadow_is_compared_exactly_and_nothing_it_does_is_applied() {
     }
     kinesis.put_records(&input, &records).await.unwrap();
     let total = (valid + invalid) as f64;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let metrics = loop {
-        let (_, metrics) = http(&addr, "GET", "/metrics", None, b"");
-        if metric_sum(&metrics, "shardlane_shadow_calls_total", &[]) >= total {
-            break metrics;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the shadow did not make every call:\n{metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let metrics = shadow_calls_reach(&addr, total).await;
     let diffs = |kind: &str| {
         metric_sum(
             &metrics,
@@ -817,7 +832,7 @@ async fn a_shadow_is_compared_exactly_and_nothing_it_does_is_applied() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_shadow_may_only_get_head_and_options() {
-    use shardlane_testkit::admin::{http, metric_sum};
+    use shardlane_testkit::admin::metric_sum;
     use shardlane_testkit::http_server::HttpServer;
     let guests = guests::build().unwrap();
     let kinesis = Kinesis::start().await.unwrap();
@@ -840,24 +855,9 @@ async fn a_shadow_may_only_get_head_and_options() {
             ),
         )
     );
-    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
-    host.wait_for("admin listening", Duration::from_secs(60), |lines| {
-        lines
-            .iter()
-            .any(|l| field(l, "message").starts_with("admin listening"))
-    })
-    .await
-    .unwrap();
-    let addr = crate::common::admin_addr(&host);
     let shadow = guests::variant(&guests.publisher, "shadow", dir.path()).unwrap();
-    let (status, body) = http(
-        &addr,
-        "PUT",
-        "/subscriptions/fetch/shadow",
-        Some("s3cret"),
-        &std::fs::read(&shadow).unwrap(),
-    );
-    assert_eq!(status, 200, "{body}");
+    let (mut host, addr) =
+        shadowed(&cfg, &kinesis, "fetch", &std::fs::read(&shadow).unwrap()).await;
     let records = vec![
         (
             "a".to_owned(),
@@ -869,15 +869,7 @@ async fn a_shadow_may_only_get_head_and_options() {
         ),
     ];
     kinesis.put_records(&input, &records).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let metrics = loop {
-        let (_, metrics) = http(&addr, "GET", "/metrics", None, b"");
-        if metric_sum(&metrics, "shardlane_shadow_calls_total", &[]) >= 2.0 {
-            break metrics;
-        }
-        assert!(Instant::now() < deadline, "{metrics}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let metrics = shadow_calls_reach(&addr, 2.0).await;
     // Live: GET and POST reach the server; the shadow: only the GET.
     assert_eq!(server.requests(), 3);
     assert_eq!(
@@ -916,24 +908,8 @@ async fn a_slow_shadow_never_holds_the_live_checkpoint() {
         "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret\"\n\n[lease]\nstore = \"memory\"\n{}",
         crate::common::subscription("live", &input, &guests.retry, "start = \"trim_horizon\"")
     );
-    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
-    host.wait_for("admin listening", Duration::from_secs(60), |lines| {
-        lines
-            .iter()
-            .any(|l| field(l, "message").starts_with("admin listening"))
-    })
-    .await
-    .unwrap();
-    let addr = crate::common::admin_addr(&host);
     let slow = guests::variant(&guests.slow, "shadow", dir.path()).unwrap();
-    let (status, body) = http(
-        &addr,
-        "PUT",
-        "/subscriptions/live/shadow",
-        Some("s3cret"),
-        &std::fs::read(&slow).unwrap(),
-    );
-    assert_eq!(status, 200, "{body}");
+    let (mut host, addr) = shadowed(&cfg, &kinesis, "live", &std::fs::read(&slow).unwrap()).await;
     let records: Vec<(String, Vec<u8>)> = (0..400)
         .map(|i| (format!("k{}", i % 8), b"sleep=300;".to_vec()))
         .collect();
