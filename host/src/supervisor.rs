@@ -38,15 +38,20 @@ use crate::rollout::Rollout;
 use crate::swap::PluginSlot;
 use crate::telemetry::Telemetry;
 
-/// A unique owner id for this process: hostname, pid and a random suffix
-/// (pids repeat across restarts and containers).
-pub(crate) fn default_owner_id() -> OwnerId {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+/// This machine's host name (`host` when it has none).
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "host".to_owned());
+        .unwrap_or_else(|| "host".to_owned())
+}
+
+/// A unique owner id for this process: hostname, pid and a random suffix
+/// (pids repeat across restarts and containers).
+pub(crate) fn default_owner_id() -> OwnerId {
+    let host = hostname();
     let suffix: u32 = rand::random();
     OwnerId::new(format!("{host}-{}-{suffix:08x}", std::process::id()))
 }

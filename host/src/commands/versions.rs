@@ -19,7 +19,7 @@ use crate::files::{self, MAX_PLUGIN_BYTES};
 use crate::ids::PluginDigest;
 use crate::lease::{LeaseStore, update_versions};
 use crate::plugin::World;
-use crate::supervisor::{open_artifacts, open_store, plugin_host};
+use crate::supervisor::{hostname, open_artifacts, open_store, plugin_host};
 use crate::versions::{CanaryRules, Command, FleetVersions, check_fraction};
 
 fn subscription<'a>(config: &'a Config, name: &str) -> anyhow::Result<&'a SubscriptionConfig> {
@@ -32,12 +32,7 @@ fn subscription<'a>(config: &'a Config, name: &str) -> anyhow::Result<&'a Subscr
 
 /// Who made a change, in the history.
 fn by() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "host".to_owned());
-    format!("cli@{host}")
+    format!("cli@{}", hostname())
 }
 
 /// The lease store, refusing the memory store (it lives inside the
