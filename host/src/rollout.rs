@@ -35,7 +35,8 @@
 //! (the rollout stage sets them at each poll; the keeper sends them every
 //! `renew_every`). Every [`DECIDE_EVERY`] each instance reads the
 //! heartbeats (one Query), sums the counts for the running candidate, and
-//! applies what the rules say as a change of the fleet's versions
+//! applies what the rules say (to the canary the last poll read) as a
+//! change of the fleet's versions
 //! (`auto-rollback` or `auto-promote`, with the figures in the history, a
 //! log line and `shardlane_canary_decisions_total`). Any instance may
 //! decide; the change names its candidate and is written conditionally,
@@ -133,6 +134,8 @@ pub(crate) struct Rollout {
     known: Mutex<VecDeque<Arc<Plugin>>>,
     /// The shadow candidate, compiled for a shadow.
     shadow_known: Mutex<Option<Arc<Plugin>>>,
+    /// The fleet's versions as the last poll read them.
+    latest: Mutex<Option<FleetVersions>>,
     /// Converge now (a change was made here).
     wake: Notify,
     problem_log: Mutex<LogGate>,
@@ -172,6 +175,7 @@ impl Rollout {
             slot,
             known: Mutex::new(canary.into_iter().map(|(p, _)| p).chain([stable]).collect()),
             shadow_known: Mutex::new(None),
+            latest: Mutex::new(None),
             wake: Notify::new(),
             problem_log: Mutex::new(LogGate::every(PROBLEM_LOG_EVERY)),
             failures,
@@ -196,10 +200,15 @@ impl Rollout {
     /// Judges a canary with rules on the fleet's counts (see "A canary
     /// that decides"); applies the decision.
     async fn decide(&self) -> Result<(), RolloutError> {
-        let Some(versions) = self.store.read_versions(&self.subscription).await? else {
-            return Ok(());
-        };
-        let Some(plan) = versions.canary else {
+        // The versions the last poll read (at most a poll old): the
+        // decision is written conditionally on its candidate anyway.
+        let plan = self
+            .latest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|v| v.canary.clone());
+        let Some(plan) = plan else {
             return Ok(());
         };
         let rules = &plan.rules;
@@ -424,6 +433,7 @@ impl Rollout {
             return Ok(());
         };
         self.status.set_history(&versions.history);
+        *self.latest.lock().unwrap_or_else(|e| e.into_inner()) = Some(versions.clone());
         let Some(stable) = &versions.stable else {
             return Ok(());
         };
