@@ -9,6 +9,8 @@
 //!   removed from its stream.
 //! - `versions`: `shardlane deploy`, `versions`, `promote`, `rollback`:
 //!   the fleet's plugin versions of a subscription.
+//! - `replay`: `shardlane replay`, a range of a stream handled again next
+//!   to the service, its progress apart from the live checkpoints.
 //!
 //! `shardlane validate` is [`crate::load_plugins`], and `run` is
 //! [`crate::run`]: both belong to the supervisor.
@@ -18,10 +20,28 @@
 
 mod deregister;
 mod import_kcl;
+mod replay;
 mod state_get;
 mod versions;
 
+use anyhow::Context as _;
+
+use crate::config::{Config, SubscriptionConfig};
+
 pub use deregister::deregister_consumer;
 pub use import_kcl::{Imported, import_kcl};
+pub use replay::{DEFAULT_READS_PER_SECOND, ReplayOptions, ReplayReport, replay};
 pub use state_get::state_get;
 pub use versions::{CanaryOptions, DeployAs, deploy, end_shadow, promote, rollback, versions};
+
+/// The subscription `name` of `config`.
+///
+/// # Errors
+/// When the config has none of that name.
+fn subscription<'a>(config: &'a Config, name: &str) -> anyhow::Result<&'a SubscriptionConfig> {
+    config
+        .subscriptions
+        .iter()
+        .find(|s| s.name.as_str() == name)
+        .with_context(|| format!("no subscription named {name:?} in the config"))
+}

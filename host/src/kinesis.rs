@@ -124,6 +124,9 @@ pub(crate) enum ReadFrom {
     /// At a start position (a shard without checkpoint, or a child of a
     /// split or merge at its beginning).
     Start(StartPosition),
+    /// At this record (a replay from a sequence number: `crate::reader`'s
+    /// range).
+    At(SequenceNumber),
 }
 
 impl ReadFrom {
@@ -145,6 +148,11 @@ impl ReadFrom {
                     ShardIteratorType::AfterSequenceNumber
                 },
                 Some(position.sequence().as_str().to_owned()),
+                None,
+            ),
+            ReadFrom::At(sequence) => (
+                ShardIteratorType::AtSequenceNumber,
+                Some(sequence.as_str().to_owned()),
                 None,
             ),
             ReadFrom::Start(StartPosition::Latest) => (ShardIteratorType::Latest, None, None),
@@ -290,6 +298,32 @@ impl Kinesis {
                     .map(|s| s.stream_arn().to_owned())
             })
             .map_err(KinesisError::from_sdk)
+    }
+
+    /// How long `stream` keeps its records (DescribeStreamSummary's
+    /// retention period).
+    ///
+    /// # Errors
+    /// [`KinesisError::NotFound`] when the stream does not exist; another
+    /// kind when Kinesis cannot say.
+    pub(crate) async fn retention(
+        &self,
+        stream: &StreamName,
+    ) -> Result<std::time::Duration, KinesisError> {
+        let out = self
+            .client
+            .describe_stream_summary()
+            .set_stream_name(stream.api_name())
+            .set_stream_arn(stream.api_arn())
+            .send()
+            .await
+            .map_err(KinesisError::from_sdk)?;
+        let hours = out
+            .stream_description_summary()
+            .map_or(24, |s| s.retention_period_hours());
+        Ok(std::time::Duration::from_secs(
+            u64::try_from(hours).unwrap_or(24) * 3_600,
+        ))
     }
 
     /// Lists every shard of a stream, following pagination.

@@ -121,8 +121,9 @@ mod tests;
 
 pub use channel::CHANNEL_CAPACITY;
 pub use commands::{
-    CanaryOptions, DeployAs, Imported, deploy, deregister_consumer, end_shadow, import_kcl,
-    promote, rollback, state_get, versions,
+    CanaryOptions, DEFAULT_READS_PER_SECOND, DeployAs, Imported, ReplayOptions, ReplayReport,
+    deploy, deregister_consumer, end_shadow, import_kcl, promote, replay, rollback, state_get,
+    versions,
 };
 pub use config::{Config, defaults};
 pub use dispatch::LANE_INBOX;

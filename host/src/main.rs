@@ -153,6 +153,47 @@ enum Command {
         #[arg(long)]
         shadow: bool,
     },
+    /// Handle a range of a subscription's stream again, through a plugin
+    /// version, next to the running service: its progress, leases and
+    /// state are its own (never the service's), it reads within a budget
+    /// of its own, and it stops at the range's end. Run again with the
+    /// same --name to resume.
+    Replay {
+        /// The TOML config file.
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
+        config: PathBuf,
+        /// The subscription's name.
+        #[arg(long, short)]
+        subscription: String,
+        /// The range's start: a time (2026-12-06T10:00:00Z, or -2h for two
+        /// hours ago), or sequence numbers per shard
+        /// (shardId-000000000001=4959…,…; only the shards named are
+        /// replayed). Needed to start a replay, not to resume one.
+        #[arg(long, allow_hyphen_values = true)]
+        from: Option<String>,
+        /// The range's end, included: a time (default: now), or sequence
+        /// numbers per shard.
+        #[arg(long, allow_hyphen_values = true)]
+        to: Option<String>,
+        /// The plugin version to run (default: the version the fleet runs).
+        #[arg(long)]
+        plugin: Option<PathBuf>,
+        /// Put and write nothing: count outputs, dead letters and state,
+        /// print a summary with samples.
+        #[arg(long)]
+        dry_run: bool,
+        /// The replay's name, to resume it (default: one made from the
+        /// range and version, printed at the start).
+        #[arg(long)]
+        name: Option<String>,
+        /// GetRecords per shard per second, at most 5 (default 1: the
+        /// service keeps four of the five Kinesis allows).
+        #[arg(long)]
+        reads_per_second: Option<f64>,
+        /// Log output format (the log goes to stdout, progress to stderr).
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        log_format: Format,
+    },
     /// Inspect per-key state (read-only).
     State {
         #[command(subcommand)]
@@ -252,6 +293,28 @@ fn main() -> ExitCode {
             let v = shardlane::rollback(&c, &subscription, to.as_deref()).await?;
             Ok((v, "rolled back"))
         }),
+        Command::Replay {
+            config,
+            subscription,
+            from,
+            to,
+            plugin,
+            dry_run,
+            name,
+            reads_per_second,
+            log_format,
+        } => {
+            let options = shardlane::ReplayOptions {
+                subscription,
+                from,
+                to,
+                plugin,
+                dry_run,
+                name,
+                reads_per_second,
+            };
+            return replay(config, options, log_format);
+        }
         Command::State {
             command:
                 StateCommand::Get {
@@ -558,6 +621,46 @@ fn run(config_path: PathBuf, format: Format) -> anyhow::Result<()> {
         let signals = Signals::install()?;
         shardlane::run(config, signals.shutdown()).await
     })
+}
+
+/// `shardlane replay`: logs as `run` does (stdout), progress on stderr,
+/// the summary on stdout; exits 130 when interrupted (resumable).
+fn replay(config_path: PathBuf, options: shardlane::ReplayOptions, format: Format) -> ExitCode {
+    let done = (|| {
+        let config = Config::load(&config_path)?;
+        let _log = shardlane::init_logging(
+            match format {
+                Format::Text => LogFormat::Text,
+                Format::Json => LogFormat::Json,
+            },
+            None,
+        )?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        runtime.block_on(async {
+            let mut signals = Signals::install()?;
+            shardlane::replay(&config, &options, async move { signals.next().await }).await
+        })
+    })();
+    match done {
+        Ok(report) => {
+            println!("replay {}:", report.name);
+            for line in &report.lines {
+                println!("  {line}");
+            }
+            if report.finished {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(130)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// SIGINT and SIGTERM, registered once.

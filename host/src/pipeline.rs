@@ -53,14 +53,15 @@ use tokio_util::sync::CancellationToken;
 use crate::channel::{self, DeliveryReceiver};
 use crate::config::{LeaseConfig, SubscriptionConfig};
 use crate::dispatch::Dispatcher;
-use crate::failure::{DeadLetters, Policy};
+use crate::failure::{DeadLetterSink, DeadLetters, Policy};
 use crate::ids::{OwnerId, SubscriptionName};
 use crate::kinesis::{ConsumerArn, Kinesis};
 use crate::lease::{
     ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, CheckpointState, Keeper, LeaseStore,
 };
-use crate::outputs::{OutputStage, PUBLISH_QUEUE};
+use crate::outputs::{OutputStage, PUBLISH_QUEUE, PutRecords};
 use crate::reader::pool::ReaderPool;
+use crate::reader::range::Range;
 use crate::reader::{FanOut, ReaderContext, ShardSubscriber};
 use crate::rollout::Rollout;
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
@@ -74,8 +75,9 @@ pub(crate) struct Parts {
     pub subscription: Arc<SubscriptionConfig>,
     /// Its plugin versions (hot-swapped, canary).
     pub slot: Arc<PluginSlot>,
-    /// What keeps the slot on the fleet's versions.
-    pub rollout: Arc<Rollout>,
+    /// What keeps the slot on the fleet's versions; `None` for a replay,
+    /// which runs the one version it was given.
+    pub rollout: Option<Arc<Rollout>>,
     /// Kinesis.
     pub kinesis: Kinesis,
     /// The stream consumer to read through, when reading by enhanced
@@ -89,6 +91,21 @@ pub(crate) struct Parts {
     pub owner: OwnerId,
     /// Metrics and status.
     pub telemetry: Arc<Telemetry>,
+    /// A replay's range (see `crate::reader::range`); `None` for the
+    /// service.
+    pub range: Option<Arc<Range>>,
+    /// Where outputs and dead letters go instead of Kinesis (a dry run
+    /// captures them); `None`: to Kinesis.
+    pub effects: Option<Effects>,
+}
+
+/// Where a pipeline's effects go when not to Kinesis.
+#[derive(Clone)]
+pub(crate) struct Effects {
+    /// Outputs of acked records.
+    pub outputs: Arc<dyn PutRecords>,
+    /// Dead letters, for a subscription with `on_failure = "dead_letter"`.
+    pub dead_letters: Arc<dyn DeadLetterSink>,
 }
 
 /// A running subscription (module docs).
@@ -106,7 +123,7 @@ pub(crate) struct Pipeline {
     dispatch: JoinHandle<()>,
     outputs: JoinHandle<()>,
     settlement: JoinHandle<()>,
-    watcher: JoinHandle<()>,
+    watcher: Option<JoinHandle<()>>,
 }
 
 /// Reports how full the subscription channel is at every scrape.
@@ -120,14 +137,20 @@ fn report_fill(telemetry: &Telemetry, sub: &SubscriptionConfig, deliveries: &Del
     telemetry.on_render(move || fill.set(watched.len() as u64));
 }
 
-/// The subscription's failure policy, its dead letters put to Kinesis.
-fn failure_policy(sub: &SubscriptionConfig, kinesis: &Kinesis) -> Policy {
-    Policy::new(&sub.failure, |stream| {
-        Arc::new(DeadLetters::new(
+/// The subscription's failure policy, its dead letters put to Kinesis
+/// (or where `effects` says).
+fn failure_policy(
+    sub: &SubscriptionConfig,
+    kinesis: &Kinesis,
+    effects: Option<&Effects>,
+) -> Policy {
+    Policy::new(&sub.failure, |stream| match effects {
+        Some(effects) => effects.dead_letters.clone(),
+        None => Arc::new(DeadLetters::new(
             kinesis.clone(),
             stream.clone(),
             sub.name.clone(),
-        ))
+        )),
     })
 }
 
@@ -160,6 +183,8 @@ impl Pipeline {
             lease,
             owner,
             telemetry,
+            range,
+            effects,
         } = parts;
         let status = telemetry.subscription(&sub.name, sub.mode());
         let (deliveries_tx, deliveries_rx) = channel::channel();
@@ -177,7 +202,7 @@ impl Pipeline {
         let dispatcher = Dispatcher::new(
             sub.clone(),
             slot.clone(),
-            failure_policy(&sub, &kinesis),
+            failure_policy(&sub, &kinesis, effects.as_ref()),
             settle_tx.clone(),
             publish_tx,
             telemetry.clone(),
@@ -186,7 +211,10 @@ impl Pipeline {
         let outputs = OutputStage::new(
             sub.name.clone(),
             sub.sandbox.grants.outputs.iter().cloned(),
-            Arc::new(kinesis.clone()),
+            match &effects {
+                Some(effects) => effects.outputs.clone(),
+                None => Arc::new(kinesis.clone()),
+            },
             settle_tx.clone(),
             &telemetry,
         );
@@ -203,6 +231,7 @@ impl Pipeline {
             settlement: settle_tx,
             telemetry: telemetry.clone(),
             status: status.clone(),
+            range,
         });
         let keeper = Keeper::new(
             sub.clone(),
@@ -213,8 +242,11 @@ impl Pipeline {
             status,
             telemetry,
         )
-        .with_state(state.map(|s| s as Arc<dyn CheckpointState>))
-        .with_canary_report(rollout.canary_report());
+        .with_state(state.map(|s| s as Arc<dyn CheckpointState>));
+        let keeper = match &rollout {
+            Some(rollout) => keeper.with_canary_report(rollout.canary_report()),
+            None => keeper,
+        };
         Self {
             name: sub.name.clone(),
             shutdown_timeout: sub.shutdown_timeout,
@@ -223,7 +255,7 @@ impl Pipeline {
             outputs: tokio::spawn(outputs.run(publish_rx, hard_stop.clone())),
             readers: tokio::spawn(pool.run(assign_rx)),
             keeper: tokio::spawn(keeper.run(assign_tx, checkpoint_rx, stop.clone())),
-            watcher: tokio::spawn(rollout.run(stop_watching.clone())),
+            watcher: rollout.map(|rollout| tokio::spawn(rollout.run(stop_watching.clone()))),
             stop,
             hard_stop,
             stop_watching,
@@ -255,7 +287,9 @@ impl Pipeline {
         }
         timer.abort();
         self.stop_watching.cancel();
-        let _ = self.watcher.await;
+        if let Some(watcher) = self.watcher {
+            let _ = watcher.await;
+        }
         ok
     }
 }

@@ -40,6 +40,7 @@
 mod fan_out;
 mod pace;
 pub(crate) mod pool;
+pub(crate) mod range;
 mod unpack;
 
 use std::sync::Arc;
@@ -167,6 +168,9 @@ pub(crate) struct ReaderContext {
     pub telemetry: Arc<Telemetry>,
     /// The subscription's status (shard states).
     pub status: Arc<SubscriptionStatus>,
+    /// A replay's range: only what lies in it is read, then each shard
+    /// ends (see [`range`]). `None` for the service.
+    pub range: Option<Arc<range::Range>>,
 }
 
 /// How a reader ended.
@@ -387,6 +391,12 @@ impl ShardReader {
         if !self.send_settlement(open).await {
             return ReaderExit::Cancelled;
         }
+        if let Some(range) = &self.ctx.range {
+            match range.first_read(&self.shard, self.position.clone()) {
+                Some(from) => self.position = from,
+                None => return self.end().await,
+            }
+        }
         let mut reading = Reading::new(&self.ctx, &self.shard);
         if let Some(fan_out) = self.ctx.fan_out.clone() {
             return self.subscribe_loop(&*fan_out, &mut reading).await;
@@ -455,10 +465,16 @@ impl ShardReader {
             _ = self.cancel.cancelled() => return Err(ReaderExit::Cancelled),
             r = read => r,
         };
-        let page = match page {
+        let mut page = match page {
             Ok(page) => page,
             Err(e) => return self.read_failed(reading, current, e).await,
         };
+        // A replay's range ends at its end, or at the tip (see [`range`]).
+        let range_ended = self.ctx.range.as_ref().is_some_and(|range| {
+            let past = range.cut(&self.shard, &mut page.records);
+            range.note(&self.shard, &page.records);
+            past || range::Range::at_tip(page.records.len(), page.millis_behind)
+        });
         span.record("messaging.batch.message_count", page.records.len());
         reading.backoff.reset();
         let read = if page.records.is_empty() {
@@ -477,20 +493,31 @@ impl ShardReader {
         if count > 0 && !self.hand_out(page.records, reading).await {
             return Err(ReaderExit::Cancelled);
         }
-        let Some(next) = page.next_iterator else {
-            tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "shard read to its end");
-            let end = SettlementMsg::End {
-                shard: self.shard.clone(),
-                session: self.session,
-            };
-            return Err(if self.send_settlement(end).await {
-                ReaderExit::ShardEnd
-            } else {
-                ReaderExit::Cancelled
-            });
+        match page.next_iterator {
+            Some(next) if !range_ended => {
+                reading.iterator = Some(next);
+                Ok(())
+            }
+            _ => Err(self.end().await),
+        }
+    }
+
+    /// The shard (or a replay's part of it) is read to its end: settlement
+    /// checkpoints `SHARD_END` once what was handed out settled.
+    async fn end(&mut self) -> ReaderExit {
+        tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "shard read to its end");
+        if let Some(range) = &self.ctx.range {
+            range.ended(&self.shard);
+        }
+        let end = SettlementMsg::End {
+            shard: self.shard.clone(),
+            session: self.session,
         };
-        reading.iterator = Some(next);
-        Ok(())
+        if self.send_settlement(end).await {
+            ReaderExit::ShardEnd
+        } else {
+            ReaderExit::Cancelled
+        }
     }
 
     /// After a failed GetRecords at `current`: reopen (expired), stop

@@ -357,12 +357,14 @@ async fn start_pipelines(
             fan_out: consumers.remove(&sub.name),
             subscription: sub,
             slot,
-            rollout,
+            rollout: Some(rollout),
             kinesis: shared.kinesis.clone(),
             store: shared.store.clone(),
             lease: shared.config.lease.clone(),
             owner: shared.owner.clone(),
             telemetry: shared.telemetry.clone(),
+            range: None,
+            effects: None,
         }));
     }
     (rollouts, pipelines)

@@ -75,8 +75,7 @@ impl Gauge {
         self.0.set(i64::try_from(value).unwrap_or(i64::MAX));
     }
 
-    /// The value (tests read it; the exposition is what operators read).
-    #[cfg(test)]
+    /// The value (tests and a replay's summary read it).
     pub(crate) fn get(&self) -> u64 {
         u64::try_from(self.0.get()).unwrap_or(0)
     }

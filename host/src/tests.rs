@@ -68,6 +68,7 @@ pub(crate) fn reader_context(
         settlement: settlement_tx,
         telemetry,
         status,
+        range: None,
     };
     (ctx, deliveries, settlement)
 }

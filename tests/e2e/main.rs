@@ -30,6 +30,7 @@ mod ops;
 mod outputs;
 mod packaging;
 mod pipeline;
+mod repair;
 mod state;
 mod traces;
 mod versions;

@@ -22,13 +22,7 @@ use crate::plugin::World;
 use crate::supervisor::{hostname, open_artifacts, open_store, plugin_host};
 use crate::versions::{CanaryRules, Command, FleetVersions, check_fraction};
 
-fn subscription<'a>(config: &'a Config, name: &str) -> anyhow::Result<&'a SubscriptionConfig> {
-    config
-        .subscriptions
-        .iter()
-        .find(|s| s.name.as_str() == name)
-        .with_context(|| format!("no subscription named {name:?} in the config"))
-}
+use super::subscription;
 
 /// Who made a change, in the history.
 fn by() -> String {

@@ -176,7 +176,7 @@ impl ShardReader {
             let next = Position::whole(continuation);
             let ahead = match &self.position {
                 ReadFrom::After(p) => &next > p,
-                ReadFrom::Start(_) => true,
+                ReadFrom::Start(_) | ReadFrom::At(_) => true,
             };
             if ahead && self.skip_through.is_none() {
                 self.position = ReadFrom::After(next);

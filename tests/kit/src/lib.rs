@@ -394,9 +394,36 @@ impl HostProcess {
         Self::spawn(bin, config, env, false)
     }
 
+    /// Runs `bin <subcommand> --log-format json --config <config> <args…>`
+    /// (a one-shot command that logs as `run` does, such as `replay`) with
+    /// `env`, collecting its lines like a host's.
+    ///
+    /// # Errors
+    /// When the process cannot start.
+    pub fn start_command(
+        bin: &Path,
+        subcommand: &str,
+        config: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        Self::spawn_args(bin, subcommand, config, args, env, true)
+    }
+
     fn spawn(
         bin: &Path,
         config: &str,
+        env: &[(&str, &str)],
+        test_log_filter: bool,
+    ) -> anyhow::Result<Self> {
+        Self::spawn_args(bin, "run", config, &[], env, test_log_filter)
+    }
+
+    fn spawn_args(
+        bin: &Path,
+        subcommand: &str,
+        config: &str,
+        args: &[&str],
         env: &[(&str, &str)],
         test_log_filter: bool,
     ) -> anyhow::Result<Self> {
@@ -405,8 +432,9 @@ impl HostProcess {
         std::fs::write(&config_path, config)?;
         let mut command = Command::new(bin);
         command
-            .args(["run", "--log-format", "json", "--config"])
+            .args([subcommand, "--log-format", "json", "--config"])
             .arg(&config_path)
+            .args(args)
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
             .env("AWS_REGION", "us-east-1");
@@ -553,6 +581,30 @@ impl HostProcess {
         for collector in self.collectors.drain(..) {
             let _ = collector.join();
         }
+    }
+
+    /// Waits for the process to exit by itself.
+    ///
+    /// # Errors
+    /// When it does not within `within` (it is left running).
+    pub async fn wait_exit(&mut self, within: Duration) -> anyhow::Result<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                self.collect_rest();
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("did not exit within {within:?}\n{}", self.tail());
+            }
+            // Polling for the exit.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// What it wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
     }
 
     /// Sends SIGTERM and waits for the exit.

@@ -1,0 +1,800 @@
+//! `shardlane replay`: a range of a subscription's stream handled again,
+//! through a version of the plugin, next to the running service and apart
+//! from it.
+//!
+//! # What runs
+//! One pipeline ([`crate::pipeline`]) of the subscription as its config
+//! describes it — dispatch mode, batching, failure policy, sandbox limits,
+//! grants — with four differences:
+//! - its **name** is `<subscription>~replay~<name>`: its leases,
+//!   checkpoints and per-key state are keyed by that name, so the
+//!   service's leases, checkpoints and state are never read or written;
+//! - its readers carry the **range** ([`crate::reader::range`]): each
+//!   shard starts at the range's start (or after the replay's own
+//!   checkpoint, when resumed) and ends at the range's end or the shard's
+//!   tip; the lease keeper starts a split's children only once their
+//!   parents ended, as for the service;
+//! - it reads by polling within a **budget of its own**:
+//!   [`DEFAULT_READS_PER_SECOND`] GetRecords per shard per second, so the
+//!   service keeps four of each shard's five reads a second
+//!   (`--reads-per-second` raises it, up to the 5 Kinesis allows), and a
+//!   throttled read backs off and lowers the replay's rate, as a service
+//!   reader's does;
+//! - it runs **one version**, the one given (`--plugin`) or the one the
+//!   fleet runs (the stable version in the lease store, fetched from
+//!   `[artifacts]`; with a file or memory lease store, the config's
+//!   `plugin`), never a canary or shadow, and follows no deploy.
+//!
+//! # State and effects
+//! A replayed record sees the replay's own per-key state: empty when the
+//! replay begins, then what the replay's earlier records wrote. Its writes
+//! go there, committed with the replay's checkpoints (exactly once, as in
+//! the service), and never into the service's state: `shardlane state get
+//! --subscription <subscription>~replay~<name>` reads them. Outputs are put
+//! to their streams as the service puts them (that is usually the point: a
+//! fixed version's outputs), and records given up on go where the failure
+//! policy says. `--dry-run` puts nothing: outputs and dead letters are
+//! counted (with a few samples), state stays in memory, and progress is
+//! not kept.
+//!
+//! # Progress and resuming
+//! Progress is the replay's checkpoints: in the DynamoDB lease table for
+//! a DynamoDB store (items of the replay's own lease group), in a file
+//! beside the store's (`<path>.replay-<name>`) for a file store, and in
+//! memory for a memory store (such a replay cannot resume). The range
+//! and version are recorded under the replay's name; a replay interrupted
+//! (Ctrl-C, SIGTERM, kill -9) goes on after its last checkpoint when run
+//! again with `--name` (its range and version are then the recorded ones;
+//! a different range or version is refused). Checkpoints are written every
+//! second, each with the state written since the last, so state effects
+//! stay exactly once across a crash, while outputs are at least once: a
+//! record handled within the last second before a kill -9 is handled
+//! again, as in the service. Ctrl-C checkpoints what settled and releases
+//! the leases; after a kill -9 the leases lapse first (a lease duration).
+//!
+//! Floor 12 (commands) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::io::IsTerminal as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use anyhow::{Context as _, anyhow, bail};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use super::subscription;
+use crate::clock::now_ms;
+use crate::config::{Config, LeaseBackend, OnFailure, ReadMode, StartPosition, SubscriptionConfig};
+use crate::ids::{OwnerId, PluginDigest, SequenceNumber, ShardId, StreamName, SubscriptionName};
+use crate::kinesis::{Kinesis, KinesisError, ShardInfo};
+use crate::lease::LeaseStore;
+use crate::lease::file::FileLeaseStore;
+use crate::lease::memory::MemoryLeaseStore;
+use crate::pipeline::{Effects, Parts, Pipeline};
+use crate::plugin::{Plugin, PluginHost, World};
+use crate::progress::Checkpoint;
+use crate::reader::range::{Edge, Range};
+use crate::supervisor::{hostname, open_artifacts, open_store, plugin_host};
+use crate::swap::PluginSlot;
+use crate::telemetry::Telemetry;
+use crate::versions::{Command, FleetVersions};
+
+/// A replay's GetRecords per shard per second, unless `--reads-per-second`
+/// says otherwise: one of the five Kinesis allows, leaving the service
+/// four.
+pub const DEFAULT_READS_PER_SECOND: f64 = 1.0;
+
+/// How often a replay checkpoints (module docs, "Progress and resuming").
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// How often the replay's keeper looks for shards to take: children start
+/// within this of their parents' end.
+const SHARD_SYNC_EVERY: Duration = Duration::from_secs(2);
+
+/// How often progress is drawn.
+const DRAW_EVERY: Duration = Duration::from_millis(250);
+
+/// How often the replay checks whether every shard ended.
+const DONE_EVERY: Duration = Duration::from_secs(1);
+
+/// What `shardlane replay` was asked.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    /// The subscription.
+    pub subscription: String,
+    /// The range's start: a time, or `shard=sequence` pairs. `None` to
+    /// resume a named replay with its recorded range.
+    pub from: Option<String>,
+    /// The range's end: a time, or `shard=sequence` pairs; `None`: now
+    /// (or the recorded end when resuming).
+    pub to: Option<String>,
+    /// The plugin version to run; `None`: the one the fleet runs.
+    pub plugin: Option<PathBuf>,
+    /// Put nothing, write nothing: count and sample.
+    pub dry_run: bool,
+    /// The replay's name; `None`: one made from its range and version.
+    pub name: Option<String>,
+    /// GetRecords per shard per second (default
+    /// [`DEFAULT_READS_PER_SECOND`]).
+    pub reads_per_second: Option<f64>,
+}
+
+/// How a replay ended.
+#[derive(Debug)]
+pub struct ReplayReport {
+    /// Its name (for `--name`).
+    pub name: String,
+    /// False when interrupted before every shard ended.
+    pub finished: bool,
+    /// The summary, one line each.
+    pub lines: Vec<String>,
+}
+
+/// The range and version a replay was started with, recorded under its
+/// name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Recorded {
+    from: RecordedEdge,
+    to: RecordedEdge,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum RecordedEdge {
+    TimeMs(u64),
+    Sequences(BTreeMap<String, String>),
+}
+
+impl RecordedEdge {
+    fn of(edge: &Edge) -> Self {
+        match edge {
+            Edge::Time(ms) => RecordedEdge::TimeMs(*ms),
+            Edge::Sequences(map) => RecordedEdge::Sequences(
+                map.iter()
+                    .map(|(s, n)| (s.as_str().to_owned(), n.as_str().to_owned()))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn edge(&self) -> anyhow::Result<Edge> {
+        Ok(match self {
+            RecordedEdge::TimeMs(ms) => Edge::Time(*ms),
+            RecordedEdge::Sequences(map) => Edge::Sequences(
+                map.iter()
+                    .map(|(s, n)| Ok((ShardId::new(s.as_str()), SequenceNumber::parse(n)?)))
+                    .collect::<Result<_, crate::ids::SequenceNumberError>>()
+                    .context("the recorded range")?,
+            ),
+        })
+    }
+}
+
+/// `shardlane replay` (module docs): runs until every shard's part of the
+/// range is handled, or `interrupt` completes (the replay then stops in
+/// order, resumable).
+///
+/// # Errors
+/// One line naming what is wrong, before anything is read: an unknown
+/// subscription, a bad range (unparsable, its end before its start, past
+/// the stream's retention, in the future, an unknown shard), a name in use
+/// for another range or version, a plugin that cannot run, a stream that
+/// does not exist.
+pub async fn replay(
+    config: &Config,
+    options: &ReplayOptions,
+    interrupt: impl Future<Output = ()>,
+) -> anyhow::Result<ReplayReport> {
+    let sub = subscription(config, &options.subscription)?;
+    let reads_per_second = options.reads_per_second.unwrap_or(DEFAULT_READS_PER_SECOND);
+    anyhow::ensure!(
+        reads_per_second > 0.0 && reads_per_second <= 5.0,
+        "--reads-per-second {reads_per_second}: out of range, above 0 and at most 5 (Kinesis's limit per shard)"
+    );
+    if let Some(name) = &options.name {
+        check_name(name)?;
+    }
+    let kinesis = Kinesis::connect(&config.aws).await;
+    let retention = kinesis.retention(&sub.stream).await.map_err(|e| match e {
+        KinesisError::NotFound(_) => anyhow!("stream {:?} does not exist", sub.stream.as_str()),
+        e => anyhow!("cannot describe stream {:?}: {e}", sub.stream.as_str()),
+    })?;
+    let shards = kinesis
+        .list_shards(&sub.stream)
+        .await
+        .with_context(|| format!("cannot list the shards of stream {:?}", sub.stream.as_str()))?;
+    let now = now_ms();
+    let asked = match &options.from {
+        Some(from) => {
+            let from = parse_edge("--from", from, now)?;
+            let to = parse_edge("--to", options.to.as_deref().unwrap_or("now"), now)?;
+            check_range(&from, &to, now, retention, &shards, &sub.stream)?;
+            Some((from, to))
+        }
+        None if options.name.is_none() => {
+            bail!("--from is needed to start a replay (or --name to resume one)")
+        }
+        None => None,
+    };
+    if !options.dry_run {
+        check_streams(&kinesis, sub).await?;
+    }
+
+    let telemetry = Telemetry::new();
+    let plugins = plugin_host(config, Some(telemetry.clone()))?;
+    let live_store = match config.lease.store {
+        LeaseBackend::DynamoDb { .. } => Some(open_store(config).await?),
+        _ => None,
+    };
+    let (bytes, path) = match options.plugin.as_deref() {
+        Some(path) => (read_plugin(path, "--plugin")?, path),
+        None => (
+            running_bytes(config, sub, live_store.as_deref()).await?,
+            sub.plugin.as_path(),
+        ),
+    };
+    let digest = PluginDigest::of(&bytes);
+    let name = match &options.name {
+        Some(name) => name.clone(),
+        None => {
+            let (from, to) = asked.as_ref().expect("a new replay has its range");
+            default_name(from, to, &digest, options.dry_run)
+        }
+    };
+    let derived = SubscriptionName::new(format!("{}{REPLAY_INFIX}{name}", sub.name));
+    let plugin = compile(&plugins, sub, path, &bytes, &derived)?;
+
+    let store = progress_store(config, live_store, &name, options.dry_run).await?;
+    let (from, to) = record(
+        &*store,
+        &derived,
+        &name,
+        asked,
+        plugin.digest(),
+        options.dry_run,
+    )
+    .await?;
+    let range = Arc::new(Range::new(from.clone(), to.clone()));
+
+    let mut replay_sub = sub.clone();
+    replay_sub.name = derived.clone();
+    replay_sub.read = ReadMode::Polling;
+    replay_sub.canary = None;
+    replay_sub.start = StartPosition::TrimHorizon;
+    replay_sub.max_reads_per_second = reads_per_second;
+    replay_sub.checkpoint_every = CHECKPOINT_EVERY;
+    let replay_sub = Arc::new(replay_sub);
+    let mut lease = config.lease.clone();
+    lease.shard_sync_every = SHARD_SYNC_EVERY;
+    lease.max_leases_per_instance = None;
+    let capture = options.dry_run.then(|| Arc::new(Capture::new(sub)));
+    let status = telemetry.subscription(&derived, replay_sub.mode());
+    let slot = Arc::new(PluginSlot::new(
+        plugins,
+        plugin,
+        replay_sub.handler_timeout,
+        replay_sub.sandbox.clone(),
+        status,
+        telemetry.clone(),
+    ));
+    eprintln!(
+        "replay {name} of {} on stream {}: {} .. {}, {} reads per shard per second{}",
+        sub.name,
+        sub.stream,
+        describe(&from),
+        describe(&to),
+        reads_per_second,
+        if options.dry_run {
+            ", dry run (nothing is put or written)"
+        } else {
+            ""
+        },
+    );
+    let pipeline = Pipeline::start(Parts {
+        subscription: replay_sub.clone(),
+        slot,
+        rollout: None,
+        kinesis: kinesis.clone(),
+        fan_out: None,
+        store: store.clone(),
+        lease,
+        owner: OwnerId::new(format!("replay@{}-{}", hostname(), std::process::id())),
+        telemetry: telemetry.clone(),
+        range: Some(range.clone()),
+        effects: capture.clone().map(|c| Effects {
+            outputs: c.clone(),
+            dead_letters: c,
+        }),
+    });
+    let finished = watch(&range, &*store, &kinesis, &replay_sub, &name, interrupt).await;
+    if !pipeline.shutdown().await {
+        bail!(
+            "replay {name}: a pipeline task failed (see the log); run it again with --name {name} to resume"
+        );
+    }
+    let shards: Vec<ShardId> = range.progress().into_keys().collect();
+    let mut lines = summary(&telemetry, &replay_sub, &shards, capture.as_deref());
+    if !finished {
+        lines.push(format!(
+            "interrupted: run it again with --name {name} to go on where it stopped"
+        ));
+    }
+    Ok(ReplayReport {
+        name,
+        finished,
+        lines,
+    })
+}
+
+/// A replay's name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
+fn check_name(name: &str) -> anyhow::Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    anyhow::ensure!(
+        ok,
+        "--name {name:?}: use 1 to 64 letters, digits, '.', '_' or '-'"
+    );
+    Ok(())
+}
+
+/// The name of a replay run without `--name`: its range, version and kind,
+/// hashed.
+fn default_name(from: &Edge, to: &Edge, digest: &PluginDigest, dry_run: bool) -> String {
+    let text = format!("{from:?}|{to:?}|{digest}|{dry_run}");
+    let hash = Sha256::digest(text.as_bytes());
+    let hex: String = hash.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    format!("r-{hex}")
+}
+
+/// Parses one edge: `shard=sequence[,shard=sequence…]`, or a time: RFC
+/// 3339 (`2026-12-06T10:00:00Z`), `-<duration>` before now (`-2h`), or
+/// `now`.
+fn parse_edge(flag: &str, text: &str, now: u64) -> anyhow::Result<Edge> {
+    let text = text.trim();
+    if text.contains('=') {
+        let mut map = BTreeMap::new();
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (shard, sequence) = pair
+                .split_once('=')
+                .with_context(|| format!("{flag} {pair:?}: not shard=sequence"))?;
+            let sequence = SequenceNumber::parse(sequence.trim())
+                .map_err(|e| anyhow!("{flag} {pair:?}: {e}"))?;
+            let shard = ShardId::new(shard.trim());
+            anyhow::ensure!(
+                map.insert(shard.clone(), sequence).is_none(),
+                "{flag} names shard {shard} twice"
+            );
+        }
+        return Ok(Edge::Sequences(map));
+    }
+    if text == "now" {
+        return Ok(Edge::Time(now));
+    }
+    let bad = || {
+        anyhow!(
+            "{flag} {text:?}: not a time (RFC 3339 such as 2026-12-06T10:00:00Z, -2h for two hours ago, or now) nor sequence numbers (shardId-…=…,…)"
+        )
+    };
+    if let Some(ago) = text.strip_prefix('-') {
+        let ago = humantime::parse_duration(ago).map_err(|_| bad())?;
+        return Ok(Edge::Time(now.saturating_sub(ago.as_millis() as u64)));
+    }
+    let at = humantime::parse_rfc3339_weak(text).map_err(|_| bad())?;
+    let ms = at
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| bad())?
+        .as_millis();
+    Ok(Edge::Time(u64::try_from(ms).map_err(|_| bad())?))
+}
+
+/// An edge as the command prints it.
+fn describe(edge: &Edge) -> String {
+    match edge {
+        Edge::Time(ms) => {
+            humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(*ms)).to_string()
+        }
+        Edge::Sequences(map) => map
+            .iter()
+            .map(|(s, n)| format!("{s}={n}"))
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
+/// Refuses a range that cannot be replayed: its end before its start, a
+/// start older than the stream keeps records, an end in the future, a
+/// shard the stream does not have.
+fn check_range(
+    from: &Edge,
+    to: &Edge,
+    now: u64,
+    retention: Duration,
+    shards: &[ShardInfo],
+    stream: &StreamName,
+) -> anyhow::Result<()> {
+    // A second of slack for clocks that disagree a little.
+    const SLACK_MS: u64 = 1_000;
+    let known: BTreeSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
+    for (flag, edge) in [("--from", from), ("--to", to)] {
+        match edge {
+            Edge::Time(ms) => {
+                let oldest = now.saturating_sub(retention.as_millis() as u64);
+                if flag == "--from" && *ms + SLACK_MS < oldest {
+                    bail!(
+                        "--from {}: older than stream {:?} keeps records ({} h): they are gone",
+                        describe(edge),
+                        stream.as_str(),
+                        retention.as_secs() / 3_600
+                    );
+                }
+                if *ms > now + SLACK_MS {
+                    bail!(
+                        "{flag} {}: in the future; a replay covers records already in the stream",
+                        describe(edge)
+                    );
+                }
+            }
+            Edge::Sequences(map) => {
+                anyhow::ensure!(!map.is_empty(), "{flag}: no shard=sequence given");
+                if let Some(unknown) = map.keys().find(|s| !known.contains(s)) {
+                    bail!(
+                        "{flag} names shard {unknown}, which stream {:?} does not have",
+                        stream.as_str()
+                    );
+                }
+            }
+        }
+    }
+    match (from, to) {
+        (Edge::Time(f), Edge::Time(t)) if t < f => {
+            bail!("--to {} is before --from {}", describe(to), describe(from))
+        }
+        (Edge::Sequences(starts), Edge::Sequences(ends)) => {
+            for (shard, end) in ends {
+                let Some(start) = starts.get(shard) else {
+                    bail!("--to names shard {shard}, which --from does not");
+                };
+                anyhow::ensure!(
+                    end >= start,
+                    "--to {end} of shard {shard} is before its --from {start}"
+                );
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Every stream the replay puts to exists (its outputs, its dead-letter
+/// stream).
+async fn check_streams(kinesis: &Kinesis, sub: &SubscriptionConfig) -> anyhow::Result<()> {
+    let mut streams: Vec<(&str, &StreamName)> = sub
+        .sandbox
+        .grants
+        .outputs
+        .iter()
+        .map(|s| ("outputs", s))
+        .collect();
+    if let OnFailure::DeadLetter(dlq) = &sub.failure.on_failure {
+        streams.push(("dead_letter_stream", dlq));
+    }
+    for (key, stream) in streams {
+        match kinesis.describe_stream(stream).await {
+            Ok(_) => {}
+            Err(KinesisError::NotFound(_)) => bail!("{key} {:?} does not exist", stream.as_str()),
+            Err(e) => bail!("cannot check {key} {:?}: {e}", stream.as_str()),
+        }
+    }
+    Ok(())
+}
+
+/// The version to replay through (module docs, "What runs"), compiled
+/// and checked against the subscription's batching.
+fn compile(
+    plugins: &PluginHost,
+    sub: &SubscriptionConfig,
+    path: &Path,
+    bytes: &[u8],
+    name: &SubscriptionName,
+) -> anyhow::Result<Plugin> {
+    let plugin = plugins
+        .load_bytes(
+            path,
+            bytes,
+            name.clone(),
+            sub.handler_timeout,
+            sub.sandbox.clone(),
+        )
+        .with_context(|| format!("plugin {}", path.display()))?;
+    match (plugin.world(), sub.batch) {
+        (World::BatchHandler, None) => bail!(
+            "plugin {} implements batch-handler, but subscription {} has no batch_size",
+            path.display(),
+            sub.name
+        ),
+        (World::RecordHandler, Some(_)) => bail!(
+            "plugin {} implements record-handler, but subscription {} batches (batch_size)",
+            path.display(),
+            sub.name
+        ),
+        _ => {}
+    }
+    Ok(plugin)
+}
+
+fn read_plugin(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
+    crate::files::read_regular(path, crate::files::MAX_PLUGIN_BYTES)
+        .with_context(|| format!("{what} {}", path.display()))
+}
+
+/// The bytes of the version the fleet runs: the stable version recorded in
+/// a DynamoDB lease store (the config's file when it holds it, else from
+/// `[artifacts]`), or the config's `plugin`.
+async fn running_bytes(
+    config: &Config,
+    sub: &SubscriptionConfig,
+    live: Option<&dyn LeaseStore>,
+) -> anyhow::Result<Vec<u8>> {
+    let own = read_plugin(&sub.plugin, "plugin")?;
+    let Some(live) = live else {
+        return Ok(own);
+    };
+    let versions = live
+        .read_versions(&sub.name)
+        .await
+        .context("cannot read the fleet's versions")?;
+    let Some(stable) = versions.and_then(|v| v.stable) else {
+        return Ok(own);
+    };
+    if PluginDigest::of(&own) == stable {
+        return Ok(own);
+    }
+    let Some(artifacts) = open_artifacts(config).await else {
+        bail!(
+            "the fleet runs {stable}, which is not this config's plugin, and the config has no [artifacts] to fetch it from: give --plugin"
+        );
+    };
+    artifacts
+        .fetch(&stable)
+        .await
+        .with_context(|| format!("cannot fetch the fleet's version {stable}"))
+}
+
+/// Between a subscription's name and a replay's in the replay's
+/// subscription name.
+pub(super) const REPLAY_INFIX: &str = "~replay~";
+
+/// Where the replay `name` keeps its progress (module docs): the live
+/// store `live` when it is the DynamoDB one (opened when `None`).
+pub(super) async fn progress_store(
+    config: &Config,
+    live: Option<Arc<dyn LeaseStore>>,
+    name: &str,
+    dry_run: bool,
+) -> anyhow::Result<Arc<dyn LeaseStore>> {
+    if dry_run {
+        return Ok(Arc::new(MemoryLeaseStore::new()));
+    }
+    Ok(match (&config.lease.store, live) {
+        (LeaseBackend::DynamoDb { .. }, Some(live)) => live,
+        (LeaseBackend::DynamoDb { .. }, None) => open_store(config).await?,
+        (LeaseBackend::File { path }, _) => {
+            let path = PathBuf::from(format!("{}.replay-{name}", path.display()));
+            Arc::new(FileLeaseStore::open(&path)?)
+        }
+        _ => {
+            eprintln!(
+                "the memory lease store keeps this replay's progress in memory: it cannot resume once stopped"
+            );
+            Arc::new(MemoryLeaseStore::new())
+        }
+    })
+}
+
+/// Records the replay's range and version under its name, or checks them
+/// against what was recorded when it began; returns the range to read.
+async fn record(
+    store: &dyn LeaseStore,
+    derived: &SubscriptionName,
+    name: &str,
+    asked: Option<(Edge, Edge)>,
+    digest: &PluginDigest,
+    dry_run: bool,
+) -> anyhow::Result<(Edge, Edge)> {
+    let recorded = store
+        .read_versions(derived)
+        .await
+        .context("cannot read the replay's record")?;
+    if let Some(versions) = recorded
+        && let Some(first) = versions.history.first()
+    {
+        let was: Recorded = serde_json::from_str(&first.note)
+            .with_context(|| format!("replay {name}: its record is not one this version wrote"))?;
+        if &first.digest != digest {
+            bail!(
+                "replay {name} runs {}, not {digest}: give --plugin with that version, or another --name",
+                first.digest
+            );
+        }
+        let (from, to) = (was.from.edge()?, was.to.edge()?);
+        if let Some((asked_from, asked_to)) = asked
+            && (asked_from != from || asked_to != to)
+        {
+            bail!(
+                "replay {name} covers {} .. {}: give that range (or no --from/--to) to resume it, or another --name",
+                describe(&from),
+                describe(&to)
+            );
+        }
+        eprintln!("resuming replay {name}");
+        return Ok((from, to));
+    }
+    let Some((from, to)) = asked else {
+        bail!("no replay named {name} was started: give --from (and --to) to start it");
+    };
+    if dry_run {
+        return Ok((from, to));
+    }
+    let mut first = FleetVersions::default()
+        .apply(
+            Command::Deploy(digest.clone()),
+            &format!("cli@{}", hostname()),
+            now_ms(),
+        )
+        .context("the replay's record")?;
+    if let Some(change) = first.history.last_mut() {
+        change.note = serde_json::to_string(&Recorded {
+            from: RecordedEdge::of(&from),
+            to: RecordedEdge::of(&to),
+        })?;
+    }
+    store
+        .write_versions(derived, &first)
+        .await
+        .with_context(|| format!("cannot record replay {name}"))?;
+    Ok((from, to))
+}
+
+/// Shows progress until every shard ended (true) or `interrupt` (false).
+async fn watch(
+    range: &Range,
+    store: &dyn LeaseStore,
+    kinesis: &Kinesis,
+    sub: &SubscriptionConfig,
+    name: &str,
+    interrupt: impl Future<Output = ()>,
+) -> bool {
+    tokio::pin!(interrupt);
+    let mut view = View::new(std::io::stderr().is_terminal(), name);
+    let mut draw = tokio::time::interval(DRAW_EVERY);
+    let mut checked = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = &mut interrupt => {
+                view.finish(range);
+                return false;
+            }
+            _ = draw.tick() => {}
+        }
+        view.draw(range);
+        if checked.elapsed() >= DONE_EVERY {
+            checked = tokio::time::Instant::now();
+            if all_ended(store, kinesis, sub).await {
+                view.finish(range);
+                return true;
+            }
+        }
+    }
+}
+
+/// Whether every shard of the stream has the replay's `SHARD_END`
+/// checkpoint. False when it cannot tell (a failed call is tried again).
+async fn all_ended(store: &dyn LeaseStore, kinesis: &Kinesis, sub: &SubscriptionConfig) -> bool {
+    let (Ok(shards), Ok(leases)) = (
+        kinesis.list_shards(&sub.stream).await,
+        store.list(&sub.name, &sub.stream).await,
+    ) else {
+        return false;
+    };
+    let ended: BTreeSet<&ShardId> = leases
+        .iter()
+        .filter(|l| l.checkpoint == Some(Checkpoint::ShardEnd))
+        .map(|l| &l.key.shard)
+        .collect();
+    shards.iter().all(|s| ended.contains(&s.id))
+}
+
+/// The summary: outcomes by kind, then what was put (or, in a dry run,
+/// captured).
+fn summary(
+    t: &Telemetry,
+    sub: &SubscriptionConfig,
+    shards: &[ShardId],
+    capture: Option<&Capture>,
+) -> Vec<String> {
+    let name = sub.name.as_str();
+    let outcome = |o: &str| {
+        t.counter(
+            "shardlane_records_total",
+            "Records handled, by the handler's outcome (retry counts each attempt).",
+            &[("subscription", name), ("outcome", o)],
+        )
+        .get()
+    };
+    let failure = |k: &str| {
+        t.counter(
+            "shardlane_call_failures_total",
+            "Handler calls that failed without an outcome, by kind.",
+            &[("subscription", name), ("kind", k)],
+        )
+        .get()
+    };
+    let count = |metric: &'static str, help: &'static str| {
+        t.counter(metric, help, &[("subscription", name)]).get()
+    };
+    let read: u64 = shards
+        .iter()
+        .map(|shard| {
+            t.counter(
+                "shardlane_records_read_total",
+                "Records read from the shard and handed to dispatch (each KPL user record counts).",
+                &[("subscription", name), ("shard_id", shard.as_str())],
+            )
+            .get()
+        })
+        .sum();
+    let mut lines = vec![
+        format!("records read: {read}"),
+        format!(
+            "outcomes: ack {}, reject {}, retry {}, trap {}, timeout {}, guest error {}",
+            outcome("ack"),
+            outcome("reject"),
+            outcome("retry"),
+            failure("trap"),
+            failure("timeout"),
+            failure("guest_error"),
+        ),
+        format!(
+            "given up: dead-lettered {}, skipped {}",
+            count(
+                "shardlane_dead_lettered_total",
+                "Records put to the dead-letter stream."
+            ),
+            count(
+                "shardlane_records_skipped_total",
+                "Records given up on and skipped."
+            ),
+        ),
+    ];
+    match capture {
+        None => {
+            for stream in &sub.sandbox.grants.outputs {
+                let put = t
+                    .counter(
+                        "shardlane_outputs_total",
+                        "Plugin outputs put to their stream (durably accepted by Kinesis).",
+                        &[("subscription", name), ("stream", stream.as_str())],
+                    )
+                    .get();
+                lines.push(format!("outputs put to {stream}: {put}"));
+            }
+        }
+        Some(capture) => lines.extend(capture.lines(t, name)),
+    }
+    lines
+}
+
+mod capture;
+#[cfg(test)]
+mod tests;
+mod view;
+
+use capture::Capture;
+use view::View;

@@ -1,0 +1,489 @@
+//! Repairing what a bad version did: `shardlane replay` of a range next to
+//! a running service, against kinesis-local and a dynalite lease table.
+//! Bounded in records and time, on loopback.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use shardlane::PluginDigest;
+use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
+
+use crate::common::{field, guest_lines, shardlane_bin};
+use crate::leases::{QUICK_LEASES, dynamodb_config, env};
+
+/// The subscription's extra lines: per-key state, an output stream for
+/// the publisher guest, and small reads (so a replay takes a while).
+fn extra(output: &str) -> String {
+    format!(
+        "state = {{ max_value = \"1KiB\" }}\noutputs = [\"{output}\"]\nconfig = {{ out_stream = \"{output}\" }}\nread_limit = 5"
+    )
+}
+
+/// Now, as `--from`/`--to` take it.
+fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+/// Puts one `add=1` record for each key.
+async fn put_keys(kinesis: &Kinesis, stream: &str, keys: &[String]) {
+    let records: Vec<(String, Vec<u8>)> = keys
+        .iter()
+        .map(|k| (k.clone(), b"add=1".to_vec()))
+        .collect();
+    kinesis.put_records(stream, &records).await.unwrap();
+}
+
+fn keys(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// The keys whose records the stateful guest handled, in the order of its
+/// lines (`total key=<k> …`), with the shard each came from.
+fn handled(lines: &[LogLine]) -> Vec<(String, String)> {
+    guest_lines(lines, "total key=")
+        .iter()
+        .map(|l| {
+            (
+                field(l, "partition_key").to_owned(),
+                field(l, "shard_id").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Every item of the lease table: (lease group, sort key) → checkpoint.
+async fn items(dynalite: &Dynalite, table: &str) -> BTreeMap<(String, String), Option<String>> {
+    let Ok(scan) = dynalite
+        .client()
+        .scan()
+        .table_name(table)
+        .consistent_read(true)
+        .send()
+        .await
+    else {
+        return BTreeMap::new();
+    };
+    let s = |item: &HashMap<String, AttributeValue>, k: &str| {
+        item.get(k).and_then(|v| v.as_s().ok()).cloned()
+    };
+    scan.items()
+        .iter()
+        .map(|item| {
+            (
+                (
+                    s(item, "lease_group").unwrap_or_default(),
+                    s(item, "shard_id").unwrap_or_default(),
+                ),
+                s(item, "checkpoint"),
+            )
+        })
+        .collect()
+}
+
+/// The checkpoints of the service's leases (not a replay's).
+async fn live_checkpoints(
+    dynalite: &Dynalite,
+    table: &str,
+    stream: &str,
+) -> BTreeMap<String, Option<String>> {
+    items(dynalite, table)
+        .await
+        .into_iter()
+        .filter(|((group, shard), _)| {
+            group == &format!("fleet#{stream}") && shard.starts_with("shardId-")
+        })
+        .map(|((_, shard), checkpoint)| (shard, checkpoint))
+        .collect()
+}
+
+/// The items any replay wrote.
+async fn replay_items(dynalite: &Dynalite, table: &str) -> usize {
+    items(dynalite, table)
+        .await
+        .keys()
+        .filter(|(group, _)| group.contains("~replay~"))
+        .count()
+}
+
+/// The committed totals of `keys` in `subscription` (`shardlane state
+/// get`); keys without state are left out.
+fn totals(
+    config: &Path,
+    subscription: &str,
+    keys: &[String],
+    env: &[(&str, &str)],
+) -> BTreeMap<String, i64> {
+    let mut cmd = std::process::Command::new(shardlane_bin());
+    cmd.args(["state", "get", "--subscription", subscription, "--config"])
+        .arg(config)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .envs(env.iter().copied());
+    for key in keys {
+        cmd.args(["--key", key]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "state get: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.split('\t');
+            let (key, name, value) = (parts.next()?, parts.next()?, parts.next()?);
+            (name == "total").then(|| (key.to_owned(), value.parse().unwrap()))
+        })
+        .collect()
+}
+
+/// Runs `shardlane replay <args>` to its end; returns it (exited).
+async fn replay(
+    config: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    within: Duration,
+) -> (HostProcess, std::process::ExitStatus) {
+    let mut args = args.to_vec();
+    args.extend(["--subscription", "fleet"]);
+    let mut process =
+        HostProcess::start_command(shardlane_bin(), "replay", config, &args, env).unwrap();
+    let status = process.wait_exit(within).await.unwrap();
+    (process, status)
+}
+
+/// The summary lines a replay printed (its stdout lines that are not log
+/// lines).
+fn summary(process: &HostProcess) -> String {
+    process
+        .lines()
+        .iter()
+        .filter_map(|l| l["unparsed"].as_str().map(str::to_owned))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_handles_its_range_once_parents_first_next_to_the_service() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dynalite = Dynalite::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (stream, output, table) = (
+        unique_name("replay"),
+        unique_name("replay-out"),
+        unique_name("leases"),
+    );
+    kinesis.create_stream(&stream, 1).await.unwrap();
+    kinesis.create_stream(&output, 1).await.unwrap();
+    let env = env(&kinesis, &dynalite);
+    let config = dynamodb_config(
+        "live",
+        &table,
+        &stream,
+        &guests.stateful,
+        QUICK_LEASES,
+        &extra(&output),
+    );
+    let config_path = dir.path().join("shardlane.toml");
+    std::fs::write(&config_path, &config).unwrap();
+    let mut service = HostProcess::start_with(shardlane_bin(), &config, &env).unwrap();
+
+    put_keys(&kinesis, &stream, &keys("before", 0..10)).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let from = now();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    put_keys(&kinesis, &stream, &keys("in", 0..20)).await;
+    // A split inside the range: the rest of it lands on the children.
+    split_first_shard(&kinesis, &stream).await;
+    put_keys(&kinesis, &stream, &keys("in", 20..40)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let to = now();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    put_keys(&kinesis, &stream, &keys("after", 0..10)).await;
+
+    let all: Vec<String> = [
+        keys("before", 0..10),
+        keys("in", 0..40),
+        keys("after", 0..10),
+    ]
+    .concat();
+    service
+        .wait_for(
+            "the service handled everything",
+            Duration::from_secs(60),
+            |lines| {
+                let seen: BTreeSet<String> = handled(lines).into_iter().map(|(k, _)| k).collect();
+                all.iter().all(|k| seen.contains(k))
+            },
+        )
+        .await
+        .unwrap();
+    // Its checkpoints (every 200 ms) catch up; then they stay.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let live_before = live_checkpoints(&dynalite, &table, &stream).await;
+    assert_eq!(
+        live_before.len(),
+        3,
+        "a parent and two children: {live_before:?}"
+    );
+
+    let fixed = guests::variant(&guests.stateful, "fixed", dir.path()).unwrap();
+    let fixed_digest = PluginDigest::of(&std::fs::read(&fixed).unwrap());
+    let plugin = fixed.to_str().unwrap();
+    let (run, status) = replay(
+        &config,
+        &[
+            "--from", &from, "--to", &to, "--plugin", plugin, "--name", "fix",
+        ],
+        &env,
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(
+        status.success(),
+        "replay failed: {}\n{}",
+        run.stderr(),
+        summary(&run)
+    );
+    let lines = run.lines();
+    let replayed = handled(&lines);
+    let replayed_keys: Vec<&str> = replayed.iter().map(|(k, _)| k.as_str()).collect();
+    let mut sorted = replayed_keys.clone();
+    sorted.sort_unstable();
+    let mut want = keys("in", 0..40);
+    want.sort_unstable();
+    assert_eq!(sorted, want, "every record in range once, none outside it");
+    assert!(
+        guest_lines(&lines, "total key=")
+            .iter()
+            .all(|l| field(l, "plugin") == fixed_digest.short()),
+        "handled by the version given"
+    );
+    // Parents first: every record of the parent before any of its children.
+    let parent = "shardId-000000000000";
+    let last_parent = replayed.iter().rposition(|(_, s)| s == parent).unwrap();
+    let first_child = replayed.iter().position(|(_, s)| s != parent).unwrap();
+    assert!(last_parent < first_child, "{replayed:?}");
+    assert!(summary(&run).contains("ack 40"), "{}", summary(&run));
+
+    // The service's checkpoints and state are as they were.
+    assert_eq!(
+        live_checkpoints(&dynalite, &table, &stream).await,
+        live_before
+    );
+    let live = totals(&config_path, "fleet", &all, &env);
+    assert!(all.iter().all(|k| live.get(k) == Some(&1)), "{live:?}");
+    // The replay's state is its own: the range's keys, once each.
+    let own = totals(&config_path, "fleet~replay~fix", &all, &env);
+    assert_eq!(own.keys().cloned().collect::<Vec<_>>(), want);
+    assert!(own.values().all(|t| *t == 1), "{own:?}");
+
+    // Run again under its name: nothing is left to do.
+    let (again, status) = replay(
+        &config,
+        &["--name", "fix", "--plugin", plugin],
+        &env,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(status.success(), "{}", again.stderr());
+    assert_eq!(handled(&again.lines()), Vec::new(), "nothing handled twice");
+    assert!(
+        again.stderr().contains("resuming replay fix"),
+        "{}",
+        again.stderr()
+    );
+    service.terminate().await.unwrap();
+}
+
+/// Splits the stream's first shard in two and waits until it is active.
+async fn split_first_shard(kinesis: &Kinesis, stream: &str) {
+    let client = kinesis.client();
+    let shards = client
+        .list_shards()
+        .stream_name(stream)
+        .send()
+        .await
+        .unwrap();
+    let first = &shards.shards()[0];
+    let range = first.hash_key_range().unwrap();
+    let start: u128 = range.starting_hash_key().parse().unwrap();
+    let end: u128 = range.ending_hash_key().parse().unwrap();
+    client
+        .split_shard()
+        .stream_name(stream)
+        .shard_to_split(first.shard_id())
+        .new_starting_hash_key(((start + end) / 2).to_string())
+        .send()
+        .await
+        .expect("SplitShard");
+    kinesis.wait_active(stream).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_refuses_bad_ranges_dry_runs_and_resumes_after_kill_9() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dynalite = Dynalite::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (stream, output, table) = (
+        unique_name("replay"),
+        unique_name("replay-out"),
+        unique_name("leases"),
+    );
+    kinesis.create_stream(&stream, 2).await.unwrap();
+    kinesis.create_stream(&output, 1).await.unwrap();
+    let env = env(&kinesis, &dynalite);
+    let config = dynamodb_config(
+        "live",
+        &table,
+        &stream,
+        &guests.stateful,
+        QUICK_LEASES,
+        &extra(&output),
+    );
+    let config_path = dir.path().join("shardlane.toml");
+    std::fs::write(&config_path, &config).unwrap();
+    let all = keys("k", 0..100);
+    put_keys(&kinesis, &stream, &all).await;
+    let shard = "shardId-000000000000";
+    let seq = "49590338271490256608559692538361571095921575989136588898";
+
+    // Bad input: one line, a non-zero exit, nothing written.
+    for (args, said) in [
+        (vec!["--from", "-1m", "--to", "-2m"], "error: --to "),
+        (vec!["--from", "-48h"], "error: --from "),
+        (
+            vec!["--from", "-1m", "--to", "2999-01-01T00:00:00Z"],
+            "error: --to 2999-01-01T00:00:00.000Z: in the future",
+        ),
+        (
+            vec!["--from", &format!("shardId-000000000009={seq}")],
+            "error: --from names shard shardId-000000000009, which stream",
+        ),
+        (
+            vec!["--from", "yesterday"],
+            "error: --from \"yesterday\": not a time",
+        ),
+        (
+            vec!["--name", "never-started"],
+            "error: no replay named never-started was started",
+        ),
+    ] {
+        let (run, status) = replay(&config, &args, &env, Duration::from_secs(60)).await;
+        assert!(!status.success(), "{args:?}");
+        let stderr = run.stderr();
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with(said), "{args:?}: {stderr}");
+        assert_eq!(
+            replay_items(&dynalite, &table).await,
+            0,
+            "{args:?} wrote nothing"
+        );
+    }
+    let mut unknown = std::process::Command::new(shardlane_bin());
+    let out = unknown
+        .args([
+            "replay",
+            "--subscription",
+            "nope",
+            "--from",
+            "-1m",
+            "--config",
+        ])
+        .arg(&config_path)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "error: no subscription named \"nope\" in the config"
+    );
+    let _ = shard;
+
+    // A dry run through the publisher: outputs counted, nothing put or written.
+    let publisher = guests.publisher.to_str().unwrap();
+    let (run, status) = replay(
+        &config,
+        &["--from", "-10m", "--dry-run", "--plugin", publisher],
+        &env,
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(status.success(), "{}", run.stderr());
+    let said = summary(&run);
+    assert!(
+        said.contains(&format!("dry run: 100 outputs for {output} (not put)")),
+        "{said}"
+    );
+    assert!(said.contains("ack 100"), "{said}");
+    assert_eq!(
+        kinesis.read_all(&output).await.unwrap().len(),
+        0,
+        "nothing published"
+    );
+    assert_eq!(replay_items(&dynalite, &table).await, 0, "nothing written");
+
+    // A replay killed halfway, run again under its name: every record's
+    // effect once, and nothing it had committed handled again.
+    let args = [
+        "--from",
+        "-10m",
+        "--name",
+        "slow",
+        "--reads-per-second",
+        "1",
+    ];
+    let mut first = HostProcess::start_command(
+        shardlane_bin(),
+        "replay",
+        &config,
+        &[&args[..], &["--subscription", "fleet"]].concat(),
+        &env,
+    )
+    .unwrap();
+    first
+        .wait_for("a third handled", Duration::from_secs(60), |lines| {
+            handled(lines).len() >= 35
+        })
+        .await
+        .unwrap();
+    first.kill9().unwrap();
+    let before_kill: BTreeSet<String> = handled(&first.lines())
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert!(before_kill.len() < all.len(), "killed halfway");
+    let committed = totals(&config_path, "fleet~replay~slow", &all, &env);
+    assert!(!committed.is_empty(), "some of it was checkpointed");
+    let (second, status) =
+        replay(&config, &["--name", "slow"], &env, Duration::from_secs(120)).await;
+    assert!(status.success(), "{}", second.stderr());
+    let again: BTreeSet<String> = handled(&second.lines())
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    let twice: Vec<&String> = again
+        .iter()
+        .filter(|k| committed.contains_key(*k))
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "committed before the kill, handled again: {twice:?}"
+    );
+    let done: BTreeSet<String> = before_kill.union(&again).cloned().collect();
+    assert_eq!(done.len(), all.len(), "every record handled");
+    let finally = totals(&config_path, "fleet~replay~slow", &all, &env);
+    assert_eq!(finally.len(), all.len());
+    assert!(
+        finally.values().all(|t| *t == 1),
+        "every effect once: {finally:?}"
+    );
+}
