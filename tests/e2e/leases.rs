@@ -663,9 +663,8 @@ async fn a_paused_instance_is_fenced_out_when_it_resumes() {
     check_all_handled(&put, &[&a, &b]);
 }
 
-/// Splits the stream's first shard in two, lets records flow for 2 s, then
-/// merges two adjacent open shards and lets them flow for 2 s more.
-pub(crate) async fn split_then_merge(kinesis: &Kinesis, stream: &str) {
+/// Splits the stream's first shard in two and waits until it is active.
+pub(crate) async fn split_first_shard(kinesis: &Kinesis, stream: &str) {
     let client = kinesis.client();
     let shards = client
         .list_shards()
@@ -686,6 +685,13 @@ pub(crate) async fn split_then_merge(kinesis: &Kinesis, stream: &str) {
         .await
         .expect("SplitShard");
     kinesis.wait_active(stream).await.unwrap();
+}
+
+/// Splits the stream's first shard in two, lets records flow for 2 s, then
+/// merges two adjacent open shards and lets them flow for 2 s more.
+pub(crate) async fn split_then_merge(kinesis: &Kinesis, stream: &str) {
+    split_first_shard(kinesis, stream).await;
+    let client = kinesis.client();
     // Let records flow into the children for a while.
     tokio::time::sleep(Duration::from_secs(2)).await;
 

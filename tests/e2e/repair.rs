@@ -3,7 +3,6 @@
 //! Bounded in records and time, on loopback.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -11,7 +10,8 @@ use shardlane::PluginDigest;
 use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
 
 use crate::common::{field, guest_lines, shardlane_bin};
-use crate::leases::{QUICK_LEASES, dynamodb_config, env};
+use crate::leases::{QUICK_LEASES, dynamodb_config, env, split_first_shard};
+use crate::state::committed_totals_of as totals;
 
 /// The subscription's extra lines: per-key state, an output stream for
 /// the publisher guest, and small reads (so a replay takes a while).
@@ -107,41 +107,6 @@ async fn replay_items(dynalite: &Dynalite, table: &str) -> usize {
         .count()
 }
 
-/// The committed totals of `keys` in `subscription` (`shardlane state
-/// get`); keys without state are left out.
-fn totals(
-    config: &Path,
-    subscription: &str,
-    keys: &[String],
-    env: &[(&str, &str)],
-) -> BTreeMap<String, i64> {
-    let mut cmd = std::process::Command::new(shardlane_bin());
-    cmd.args(["state", "get", "--subscription", subscription, "--config"])
-        .arg(config)
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
-        .envs(env.iter().copied());
-    for key in keys {
-        cmd.args(["--key", key]);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "state get: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .filter_map(|l| {
-            let mut parts = l.split('\t');
-            let (key, name, value) = (parts.next()?, parts.next()?, parts.next()?);
-            (name == "total").then(|| (key.to_owned(), value.parse().unwrap()))
-        })
-        .collect()
-}
-
 /// Runs `shardlane replay <args>` to its end; returns it (exited).
 async fn replay(
     config: &str,
@@ -168,44 +133,90 @@ fn summary(process: &HostProcess) -> String {
         .join("\n")
 }
 
+/// What both tests start: the emulators, a stream of `shards` and an
+/// output stream, the fleet's config (stateful guest) written to a file.
+struct Rig {
+    guests: guests::Guests,
+    kinesis: Kinesis,
+    dynalite: Dynalite,
+    dir: tempfile::TempDir,
+    stream: String,
+    output: String,
+    table: String,
+    config: String,
+    config_path: std::path::PathBuf,
+}
+
+impl Rig {
+    async fn start(shards: i32) -> Self {
+        let guests = guests::build().unwrap();
+        let kinesis = Kinesis::start().await.unwrap();
+        let dynalite = Dynalite::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (stream, output, table) = (
+            unique_name("replay"),
+            unique_name("replay-out"),
+            unique_name("leases"),
+        );
+        kinesis.create_stream(&stream, shards).await.unwrap();
+        kinesis.create_stream(&output, 1).await.unwrap();
+        let config = dynamodb_config(
+            "live",
+            &table,
+            &stream,
+            &guests.stateful,
+            QUICK_LEASES,
+            &extra(&output),
+        );
+        let config_path = dir.path().join("shardlane.toml");
+        std::fs::write(&config_path, &config).unwrap();
+        Self {
+            guests,
+            kinesis,
+            dynalite,
+            dir,
+            stream,
+            output,
+            table,
+            config,
+            config_path,
+        }
+    }
+
+    fn env(&self) -> [(&'static str, &str); 2] {
+        env(&self.kinesis, &self.dynalite)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replay_handles_its_range_once_parents_first_next_to_the_service() {
-    let guests = guests::build().unwrap();
-    let kinesis = Kinesis::start().await.unwrap();
-    let dynalite = Dynalite::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (stream, output, table) = (
-        unique_name("replay"),
-        unique_name("replay-out"),
-        unique_name("leases"),
-    );
-    kinesis.create_stream(&stream, 1).await.unwrap();
-    kinesis.create_stream(&output, 1).await.unwrap();
-    let env = env(&kinesis, &dynalite);
-    let config = dynamodb_config(
-        "live",
-        &table,
-        &stream,
-        &guests.stateful,
-        QUICK_LEASES,
-        &extra(&output),
-    );
-    let config_path = dir.path().join("shardlane.toml");
-    std::fs::write(&config_path, &config).unwrap();
-    let mut service = HostProcess::start_with(shardlane_bin(), &config, &env).unwrap();
+    let rig = Rig::start(1).await;
+    let Rig {
+        guests,
+        kinesis,
+        dynalite,
+        dir,
+        stream,
+        output: _,
+        table,
+        config,
+        config_path,
+    } = &rig;
+    let env = rig.env();
+    let mut service = HostProcess::start_with(shardlane_bin(), config, &env).unwrap();
 
-    put_keys(&kinesis, &stream, &keys("before", 0..10)).await;
+    put_keys(kinesis, stream, &keys("before", 0..10)).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let from = now();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    put_keys(&kinesis, &stream, &keys("in", 0..20)).await;
+    put_keys(kinesis, stream, &keys("in", 0..20)).await;
     // A split inside the range: the rest of it lands on the children.
-    split_first_shard(&kinesis, &stream).await;
-    put_keys(&kinesis, &stream, &keys("in", 20..40)).await;
+    split_first_shard(kinesis, stream).await;
+    put_keys(kinesis, stream, &keys("in", 20..40)).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let to = now();
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    put_keys(&kinesis, &stream, &keys("after", 0..10)).await;
+    put_keys(kinesis, stream, &keys("after", 0..10)).await;
 
     let all: Vec<String> = [
         keys("before", 0..10),
@@ -226,7 +237,7 @@ async fn a_replay_handles_its_range_once_parents_first_next_to_the_service() {
         .unwrap();
     // Its checkpoints (every 200 ms) catch up; then they stay.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let live_before = live_checkpoints(&dynalite, &table, &stream).await;
+    let live_before = live_checkpoints(dynalite, table, stream).await;
     assert_eq!(
         live_before.len(),
         3,
@@ -237,7 +248,7 @@ async fn a_replay_handles_its_range_once_parents_first_next_to_the_service() {
     let fixed_digest = PluginDigest::of(&std::fs::read(&fixed).unwrap());
     let plugin = fixed.to_str().unwrap();
     let (run, status) = replay(
-        &config,
+        config,
         &[
             "--from", &from, "--to", &to, "--plugin", plugin, "--name", "fix",
         ],
@@ -273,20 +284,17 @@ async fn a_replay_handles_its_range_once_parents_first_next_to_the_service() {
     assert!(summary(&run).contains("ack 40"), "{}", summary(&run));
 
     // The service's checkpoints and state are as they were.
-    assert_eq!(
-        live_checkpoints(&dynalite, &table, &stream).await,
-        live_before
-    );
-    let live = totals(&config_path, "fleet", &all, &env);
+    assert_eq!(live_checkpoints(dynalite, table, stream).await, live_before);
+    let live = totals(config_path, "fleet", &all, &env);
     assert!(all.iter().all(|k| live.get(k) == Some(&1)), "{live:?}");
     // The replay's state is its own: the range's keys, once each.
-    let own = totals(&config_path, "fleet~replay~fix", &all, &env);
+    let own = totals(config_path, "fleet~replay~fix", &all, &env);
     assert_eq!(own.keys().cloned().collect::<Vec<_>>(), want);
     assert!(own.values().all(|t| *t == 1), "{own:?}");
 
     // Run again under its name: nothing is left to do.
     let (again, status) = replay(
-        &config,
+        config,
         &["--name", "fix", "--plugin", plugin],
         &env,
         Duration::from_secs(60),
@@ -302,57 +310,23 @@ async fn a_replay_handles_its_range_once_parents_first_next_to_the_service() {
     service.terminate().await.unwrap();
 }
 
-/// Splits the stream's first shard in two and waits until it is active.
-async fn split_first_shard(kinesis: &Kinesis, stream: &str) {
-    let client = kinesis.client();
-    let shards = client
-        .list_shards()
-        .stream_name(stream)
-        .send()
-        .await
-        .unwrap();
-    let first = &shards.shards()[0];
-    let range = first.hash_key_range().unwrap();
-    let start: u128 = range.starting_hash_key().parse().unwrap();
-    let end: u128 = range.ending_hash_key().parse().unwrap();
-    client
-        .split_shard()
-        .stream_name(stream)
-        .shard_to_split(first.shard_id())
-        .new_starting_hash_key(((start + end) / 2).to_string())
-        .send()
-        .await
-        .expect("SplitShard");
-    kinesis.wait_active(stream).await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replay_refuses_bad_ranges_dry_runs_and_resumes_after_kill_9() {
-    let guests = guests::build().unwrap();
-    let kinesis = Kinesis::start().await.unwrap();
-    let dynalite = Dynalite::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (stream, output, table) = (
-        unique_name("replay"),
-        unique_name("replay-out"),
-        unique_name("leases"),
-    );
-    kinesis.create_stream(&stream, 2).await.unwrap();
-    kinesis.create_stream(&output, 1).await.unwrap();
-    let env = env(&kinesis, &dynalite);
-    let config = dynamodb_config(
-        "live",
-        &table,
-        &stream,
-        &guests.stateful,
-        QUICK_LEASES,
-        &extra(&output),
-    );
-    let config_path = dir.path().join("shardlane.toml");
-    std::fs::write(&config_path, &config).unwrap();
+    let rig = Rig::start(2).await;
+    let Rig {
+        guests,
+        kinesis,
+        dynalite,
+        dir: _,
+        stream,
+        output,
+        table,
+        config,
+        config_path,
+    } = &rig;
+    let env = rig.env();
     let all = keys("k", 0..100);
-    put_keys(&kinesis, &stream, &all).await;
-    let shard = "shardId-000000000000";
+    put_keys(kinesis, stream, &all).await;
     let seq = "49590338271490256608559692538361571095921575989136588898";
 
     // Bad input: one line, a non-zero exit, nothing written.
@@ -376,13 +350,13 @@ async fn a_replay_refuses_bad_ranges_dry_runs_and_resumes_after_kill_9() {
             "error: no replay named never-started was started",
         ),
     ] {
-        let (run, status) = replay(&config, &args, &env, Duration::from_secs(60)).await;
+        let (run, status) = replay(config, &args, &env, Duration::from_secs(60)).await;
         assert!(!status.success(), "{args:?}");
         let stderr = run.stderr();
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.starts_with(said), "{args:?}: {stderr}");
         assert_eq!(
-            replay_items(&dynalite, &table).await,
+            replay_items(dynalite, table).await,
             0,
             "{args:?} wrote nothing"
         );
@@ -397,7 +371,7 @@ async fn a_replay_refuses_bad_ranges_dry_runs_and_resumes_after_kill_9() {
             "-1m",
             "--config",
         ])
-        .arg(&config_path)
+        .arg(config_path)
         .envs(env.iter().copied())
         .output()
         .unwrap();
@@ -406,12 +380,11 @@ async fn a_replay_refuses_bad_ranges_dry_runs_and_resumes_after_kill_9() {
         String::from_utf8_lossy(&out.stderr).trim(),
         "error: no subscription named \"nope\" in the config"
     );
-    let _ = shard;
 
     // A dry run through the publisher: outputs counted, nothing put or written.
     let publisher = guests.publisher.to_str().unwrap();
     let (run, status) = replay(
-        &config,
+        config,
         &["--from", "-10m", "--dry-run", "--plugin", publisher],
         &env,
         Duration::from_secs(120),
@@ -425,11 +398,11 @@ async fn a_replay_refuses_bad_ranges_dry_runs_and_resumes_after_kill_9() {
     );
     assert!(said.contains("ack 100"), "{said}");
     assert_eq!(
-        kinesis.read_all(&output).await.unwrap().len(),
+        kinesis.read_all(output).await.unwrap().len(),
         0,
         "nothing published"
     );
-    assert_eq!(replay_items(&dynalite, &table).await, 0, "nothing written");
+    assert_eq!(replay_items(dynalite, table).await, 0, "nothing written");
 
     // A replay killed halfway, run again under its name: every record's
     // effect once, and nothing it had committed handled again.
@@ -444,7 +417,7 @@ async fn a_replay_refuses_bad_ranges_dry_runs_and_resumes_after_kill_9() {
     let mut first = HostProcess::start_command(
         shardlane_bin(),
         "replay",
-        &config,
+        config,
         &[&args[..], &["--subscription", "fleet"]].concat(),
         &env,
     )
@@ -461,10 +434,10 @@ async fn a_replay_refuses_bad_ranges_dry_runs_and_resumes_after_kill_9() {
         .map(|(k, _)| k)
         .collect();
     assert!(before_kill.len() < all.len(), "killed halfway");
-    let committed = totals(&config_path, "fleet~replay~slow", &all, &env);
+    let committed = totals(config_path, "fleet~replay~slow", &all, &env);
     assert!(!committed.is_empty(), "some of it was checkpointed");
     let (second, status) =
-        replay(&config, &["--name", "slow"], &env, Duration::from_secs(120)).await;
+        replay(config, &["--name", "slow"], &env, Duration::from_secs(120)).await;
     assert!(status.success(), "{}", second.stderr());
     let again: BTreeSet<String> = handled(&second.lines())
         .into_iter()
@@ -480,7 +453,7 @@ async fn a_replay_refuses_bad_ranges_dry_runs_and_resumes_after_kill_9() {
     );
     let done: BTreeSet<String> = before_kill.union(&again).cloned().collect();
     assert_eq!(done.len(), all.len(), "every record handled");
-    let finally = totals(&config_path, "fleet~replay~slow", &all, &env);
+    let finally = totals(config_path, "fleet~replay~slow", &all, &env);
     assert_eq!(finally.len(), all.len());
     assert!(
         finally.values().all(|t| *t == 1),

@@ -81,7 +81,7 @@ fn committed_totals(config: &Path, keys: &[String]) -> BTreeMap<String, i64> {
 
 /// The committed totals of `keys` of `subscription`, read by `shardlane
 /// state get` with `env`.
-fn committed_totals_of(
+pub(crate) fn committed_totals_of(
     config: &Path,
     subscription: &str,
     keys: &[String],
