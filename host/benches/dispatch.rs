@@ -182,6 +182,10 @@ fn subscription(dispatch: DispatchMode, batch: Option<usize>) -> Arc<Subscriptio
             max_record_age: None,
             on_failure: OnFailure::Block,
             bisect_on_error: false,
+            quarantine: shardlane::ParkLimits {
+                max_keys: 1,
+                max_records: 1,
+            },
         },
         sandbox: sandbox(),
     })

@@ -9,6 +9,8 @@
 //!   removed from its stream.
 //! - `versions`: `shardlane deploy`, `versions`, `promote`, `rollback`:
 //!   the fleet's plugin versions of a subscription.
+//! - `quarantine`: `shardlane quarantine list`, a subscription's parked
+//!   keys.
 //! - `replay`: `shardlane replay`, a range of a stream handled again next
 //!   to the service, its progress apart from the live checkpoints.
 //!
@@ -20,6 +22,7 @@
 
 mod deregister;
 mod import_kcl;
+mod quarantine;
 mod replay;
 mod state_get;
 mod versions;
@@ -30,6 +33,7 @@ use crate::config::{Config, SubscriptionConfig};
 
 pub use deregister::deregister_consumer;
 pub use import_kcl::{Imported, import_kcl};
+pub use quarantine::quarantine_list;
 pub use replay::{DEFAULT_READS_PER_SECOND, ReplayOptions, ReplayReport, replay};
 pub use state_get::state_get;
 pub use versions::{CanaryOptions, DeployAs, deploy, end_shadow, promote, rollback, versions};

@@ -333,6 +333,19 @@ pub enum OnFailure {
     Skip,
     /// Put it to this stream (a JSON envelope) and only then settle it.
     DeadLetter(StreamName),
+    /// Park its key: it and every later record of the key go to this
+    /// stream (envelope reason `quarantined`), the other keys flow on.
+    Quarantine(StreamName),
+}
+
+impl OnFailure {
+    /// The dead-letter stream, for `dead_letter` and `quarantine`.
+    pub fn dead_letter_stream(&self) -> Option<&StreamName> {
+        match self {
+            OnFailure::DeadLetter(stream) | OnFailure::Quarantine(stream) => Some(stream),
+            OnFailure::Block | OnFailure::Skip => None,
+        }
+    }
 }
 
 /// The failure policy of a subscription.
@@ -348,6 +361,8 @@ pub struct FailurePolicy {
     /// Split a failing batch in halves and retry each, isolating a poison
     /// record.
     pub bisect_on_error: bool,
+    /// What `on_failure = "quarantine"` may hold.
+    pub quarantine: crate::parked::ParkLimits,
 }
 
 /// A read-only directory granted to the guest.

@@ -72,6 +72,10 @@
 //! Floor 7 (dispatch) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor and those below.
 
+mod quarantine;
+
+pub(crate) use quarantine::{ParkError, Parking, Quarantine};
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -98,6 +102,8 @@ pub(crate) enum Next<'a> {
     Blocked,
     /// Put to the dead-letter stream, then settle.
     DeadLetter(&'a dyn DeadLetterSink),
+    /// Park the record's key (see [`Quarantine`]), then settle.
+    Quarantine(&'a Quarantine),
     /// Settle with an error log.
     Skip,
 }
@@ -108,6 +114,7 @@ impl std::fmt::Debug for Next<'_> {
             Next::Retry => f.write_str("Retry"),
             Next::Blocked => f.write_str("Blocked"),
             Next::DeadLetter(sink) => write!(f, "DeadLetter({})", sink.stream()),
+            Next::Quarantine(q) => write!(f, "Quarantine({})", q.stream()),
             Next::Skip => f.write_str("Skip"),
         }
     }
@@ -119,6 +126,7 @@ enum GiveUp {
     Block,
     Skip,
     DeadLetter(Arc<dyn DeadLetterSink>),
+    Quarantine(Arc<Quarantine>),
 }
 
 /// A subscription's failure policy, ready to apply: the config's
@@ -136,11 +144,24 @@ pub(crate) struct Policy {
 impl Policy {
     /// The policy `config` describes; `sink` makes the dead-letter sink
     /// for its `dead_letter_stream` (called only for `on_failure =
-    /// "dead_letter"`).
+    /// "dead_letter"`); a quarantine policy is made by
+    /// [`Policy::with_quarantine`].
+    #[cfg(any(test, feature = "bench-internals"))]
     #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
     pub(crate) fn new(
         config: &FailurePolicy,
         sink: impl FnOnce(&StreamName) -> Arc<dyn DeadLetterSink>,
+    ) -> Self {
+        Self::with_quarantine(config, sink, |_| {
+            unreachable!("on_failure = \"quarantine\" is made with its quarantine")
+        })
+    }
+
+    /// [`Policy::new`], with what makes the quarantine from its sink.
+    pub(crate) fn with_quarantine(
+        config: &FailurePolicy,
+        sink: impl FnOnce(&StreamName) -> Arc<dyn DeadLetterSink>,
+        quarantine: impl FnOnce(Arc<dyn DeadLetterSink>) -> Arc<Quarantine>,
     ) -> Self {
         Self {
             max_attempts: config.max_attempts,
@@ -149,8 +170,17 @@ impl Policy {
                 OnFailure::Block => GiveUp::Block,
                 OnFailure::Skip => GiveUp::Skip,
                 OnFailure::DeadLetter(stream) => GiveUp::DeadLetter(sink(stream)),
+                OnFailure::Quarantine(stream) => GiveUp::Quarantine(quarantine(sink(stream))),
             },
             bisect_on_error: config.bisect_on_error,
+        }
+    }
+
+    /// The quarantine, for `on_failure = "quarantine"`.
+    pub(crate) fn quarantine(&self) -> Option<&Arc<Quarantine>> {
+        match &self.give_up {
+            GiveUp::Quarantine(q) => Some(q),
+            _ => None,
         }
     }
 
@@ -164,6 +194,7 @@ impl Policy {
             GiveUp::Block => Next::Blocked,
             GiveUp::Skip => Next::Skip,
             GiveUp::DeadLetter(sink) => Next::DeadLetter(&**sink),
+            GiveUp::Quarantine(q) => Next::Quarantine(q),
         }
     }
 
@@ -179,10 +210,12 @@ impl Policy {
         }
     }
 
-    /// After the handler rejected a record: block does not apply.
+    /// After the handler rejected a record: block does not apply, and a
+    /// quarantine dead-letters the record without parking its key.
     pub(crate) fn after_reject(&self) -> Next<'_> {
         match &self.give_up {
             GiveUp::DeadLetter(sink) => Next::DeadLetter(&**sink),
+            GiveUp::Quarantine(q) => Next::DeadLetter(q.sink()),
             GiveUp::Block | GiveUp::Skip => Next::Skip,
         }
     }
@@ -198,6 +231,9 @@ pub(crate) struct LastFailure<'a> {
     pub attempts: u32,
     /// The plugin version whose attempt failed last.
     pub version: Option<&'a PluginDigest>,
+    /// For a quarantined record (reason `quarantined`): the failure that
+    /// parked its key, on the record that parked it.
+    pub cause: Option<&'a str>,
 }
 
 /// Where given-up records go: the dead-letter stream
@@ -253,12 +289,13 @@ impl DeadLetters {
         reason: &str,
         attempts: u32,
         plugin: Option<&PluginDigest>,
+        cause: Option<&str>,
     ) -> Envelope {
         let key = record.partition_key.as_str().len();
         // Base64 of n bytes is 4⌈n/3⌉ characters: skip encoding data that
         // cannot fit anyway.
         if key + 4 * record.data.len().div_ceil(3) < MAX_RECORD_BYTES {
-            let bytes = self.envelope_bytes(record, reason, attempts, plugin, true);
+            let bytes = self.envelope_bytes(record, reason, attempts, plugin, cause, true);
             if key + bytes.len() <= MAX_RECORD_BYTES {
                 return Envelope {
                     bytes,
@@ -267,7 +304,7 @@ impl DeadLetters {
             }
         }
         Envelope {
-            bytes: self.envelope_bytes(record, reason, attempts, plugin, false),
+            bytes: self.envelope_bytes(record, reason, attempts, plugin, cause, false),
             data_omitted: true,
         }
     }
@@ -278,9 +315,10 @@ impl DeadLetters {
         reason: &str,
         attempts: u32,
         plugin: Option<&PluginDigest>,
+        cause: Option<&str>,
         with_data: bool,
     ) -> Vec<u8> {
-        let envelope = serde_json::json!({
+        let mut envelope = serde_json::json!({
             "reason": capped(reason, MAX_GUEST_TEXT),
             "attempts": attempts,
             "subscription": self.subscription.as_str(),
@@ -298,6 +336,9 @@ impl DeadLetters {
             "data_omitted": !with_data,
             "data_base64": with_data.then(|| aws_smithy_types::base64::encode(&record.data)),
         });
+        if let Some(cause) = cause {
+            envelope["cause"] = capped(cause, MAX_GUEST_TEXT).into();
+        }
         // A JSON value of strings and numbers always serializes.
         serde_json::to_vec(&envelope).expect("envelope serializes")
     }
@@ -317,8 +358,9 @@ impl DeadLetterSink for DeadLetters {
             reason,
             attempts,
             version,
+            cause,
         } = failure;
-        let envelope = self.envelope(record, reason, attempts, version);
+        let envelope = self.envelope(record, reason, attempts, version, cause);
         let data_omitted = envelope.data_omitted;
         let key = &record.partition_key;
         match self
@@ -327,7 +369,7 @@ impl DeadLetterSink for DeadLetters {
             .await
         {
             Err(KinesisError::Refused(_)) if !data_omitted => {
-                let bytes = self.envelope_bytes(record, reason, attempts, version, false);
+                let bytes = self.envelope_bytes(record, reason, attempts, version, cause, false);
                 let sequence = self.kinesis.put_record(&self.stream, key, bytes).await?;
                 Ok(Put {
                     sequence,
@@ -371,6 +413,10 @@ mod tests {
             max_record_age: max_age.map(Duration::from_secs),
             on_failure,
             bisect_on_error: false,
+            quarantine: crate::parked::ParkLimits {
+                max_keys: 1,
+                max_records: 1,
+            },
         };
         Policy::new(&config, |stream| {
             let mut sink = dead_letters();
@@ -423,7 +469,7 @@ mod tests {
     #[test]
     fn a_small_record_travels_whole() {
         let r = record("customer-7", b"{\"amount\":12}".to_vec());
-        let e = dead_letters().envelope(&r, "rejected: no", 1, None);
+        let e = dead_letters().envelope(&r, "rejected: no", 1, None, None);
         assert!(!e.data_omitted);
         let v = parse(&e);
         assert_eq!(v["data_base64"], "eyJhbW91bnQiOjEyfQ==");
@@ -438,7 +484,7 @@ mod tests {
         let key = "k".repeat(256);
         let r = record(&key, vec![0xAB; 1_000_000]);
         let reason = format!("rejected: {}", "x".repeat(10_000_000));
-        let e = dead_letters().envelope(&r, &reason, 1, None);
+        let e = dead_letters().envelope(&r, &reason, 1, None, None);
         assert!(e.data_omitted);
         assert!(record_size(&key, &e) <= MAX_RECORD_BYTES);
         assert!(e.bytes.len() < 16 * 1024, "{} bytes", e.bytes.len());
@@ -459,7 +505,7 @@ mod tests {
         let key = "customer-7";
         let d = dead_letters();
         let fits = |n: usize| {
-            let e = d.envelope(&record(key, vec![7; n]), "guest trapped: x", 3, None);
+            let e = d.envelope(&record(key, vec![7; n]), "guest trapped: x", 3, None, None);
             assert!(record_size(key, &e) <= MAX_RECORD_BYTES, "{n}");
             !e.data_omitted
         };
@@ -471,7 +517,7 @@ mod tests {
             if fits(mid) { lo = mid } else { hi = mid }
         }
         assert!((780_000..786_432).contains(&lo), "{lo}");
-        let whole = d.envelope(&record(key, vec![7; lo]), "guest trapped: x", 3, None);
+        let whole = d.envelope(&record(key, vec![7; lo]), "guest trapped: x", 3, None, None);
         assert!(
             MAX_RECORD_BYTES - record_size(key, &whole) < 8,
             "as full as base64 allows"

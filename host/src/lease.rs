@@ -352,21 +352,12 @@ impl HeldLease {
 /// condition expressions.
 pub(crate) mod rules {
     use super::{HeldLease, Lease, LeaseError, LeaseKey};
-    use crate::ids::{OwnerId, SubscriptionName};
-    use crate::versions::FleetVersions;
+    use crate::ids::OwnerId;
 
-    /// Writing a subscription's fleet versions: only over the revision
-    /// `next` was made from.
-    pub(crate) fn write_versions(
-        current: Option<&FleetVersions>,
-        subscription: &SubscriptionName,
-        next: &FleetVersions,
-    ) -> Result<(), LeaseError> {
-        if current.map_or(0, |v| v.revision) + 1 == next.revision {
-            Ok(())
-        } else {
-            Err(LeaseError::VersionsChanged(subscription.clone()))
-        }
+    /// Writing a subscription's document: only over the revision the new
+    /// one (`revision`) was made from, `current` being the stored one.
+    pub(crate) fn write_doc(current: Option<&str>, revision: u64) -> bool {
+        current.map_or(0, super::revision_of) + 1 == revision
     }
 
     /// Taking the lease for `owner`, if it is still exactly as `seen`.
@@ -576,12 +567,34 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Gives the lease up so another instance may take it at once.
     async fn release(&self, held: &HeldLease) -> Result<(), LeaseError>;
 
+    /// A subscription's document of `kind`, as stored (JSON with a
+    /// top-level `revision`); `None` before the first write. Strongly
+    /// consistent.
+    async fn read_doc(
+        &self,
+        subscription: &SubscriptionName,
+        kind: DocKind,
+    ) -> Result<Option<String>, LeaseError>;
+
+    /// Stores `doc`, whose revision is `revision`, if the stored one's is
+    /// still `revision - 1` (none stored for revision 1): true when it was
+    /// stored, false when another write came first.
+    async fn write_doc(
+        &self,
+        subscription: &SubscriptionName,
+        kind: DocKind,
+        revision: u64,
+        doc: String,
+    ) -> Result<bool, LeaseError>;
+
     /// A subscription's fleet versions (see [`crate::versions`]); `None`
     /// before the first change. Strongly consistent.
     async fn read_versions(
         &self,
         subscription: &SubscriptionName,
-    ) -> Result<Option<FleetVersions>, LeaseError>;
+    ) -> Result<Option<FleetVersions>, LeaseError> {
+        read_typed(self, subscription, DocKind::Versions).await
+    }
 
     /// Stores `next` if the stored revision is still the one `next` was
     /// made from (`next.revision - 1`; none stored for revision 1);
@@ -590,7 +603,62 @@ pub trait LeaseStore: Send + Sync + 'static {
         &self,
         subscription: &SubscriptionName,
         next: &FleetVersions,
-    ) -> Result<(), LeaseError>;
+    ) -> Result<(), LeaseError> {
+        let doc = serde_json::to_string(next).map_err(|e| LeaseError::Store(Cause::new(e)))?;
+        if self
+            .write_doc(subscription, DocKind::Versions, next.revision, doc)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(LeaseError::VersionsChanged(subscription.clone()))
+        }
+    }
+}
+
+/// The documents a lease store keeps per subscription beside its leases,
+/// each one JSON value with a top-level `revision` that every write is
+/// conditional on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DocKind {
+    /// The fleet's plugin versions ([`crate::versions`]).
+    Versions,
+    /// The parked keys ([`crate::parked`]).
+    Parked,
+}
+
+impl DocKind {
+    /// Its name in store keys: `versions`, `parked`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DocKind::Versions => "versions",
+            DocKind::Parked => "parked",
+        }
+    }
+}
+
+/// A document of `kind`, decoded.
+///
+/// # Errors
+/// The store's, or a stored document that does not decode.
+pub(crate) async fn read_typed<S: LeaseStore + ?Sized, T: serde::de::DeserializeOwned>(
+    store: &S,
+    subscription: &SubscriptionName,
+    kind: DocKind,
+) -> Result<Option<T>, LeaseError> {
+    store
+        .read_doc(subscription, kind)
+        .await?
+        .map(|doc| serde_json::from_str(&doc).map_err(|e| LeaseError::Store(Cause::new(e))))
+        .transpose()
+}
+
+/// The `revision` of a stored document (0 when it has none).
+pub(crate) fn revision_of(doc: &str) -> u64 {
+    serde_json::from_str::<serde_json::Value>(doc)
+        .ok()
+        .and_then(|v| v.get("revision").and_then(serde_json::Value::as_u64))
+        .unwrap_or(0)
 }
 
 /// Why a change of a subscription's fleet versions did not land.

@@ -45,7 +45,7 @@
 //!   the admin API; `supervisor` starts every pipeline and the operations
 //!   server; `commands` are the one-shot commands beside `run`.
 //! - Below them: ground values (`ids`, `progress`, `key_slice`, `clock`,
-//!   `cause`, `files`, `backoff`, `kpl`, `versions`), `config` (the TOML config, validated into
+//!   `cause`, `files`, `backoff`, `kpl`, `versions`, `parked`), `config` (the TOML config, validated into
 //!   types), and what every stage writes to or calls: `logging`,
 //!   `telemetry` (metrics, typed status, spans), `throttle`, `kinesis`
 //!   (the client and a typed error) and `channel`.
@@ -59,7 +59,7 @@
 //! (the keeper's `CheckpointState`; the dispatch seam the plugin
 //! implements). This list is the one the suite checks (`layers` test):
 //!
-//! 1. ground values: `ids`, `progress`, `key_slice`, `clock`, `cause`, `files`, `backoff`, `kpl`, `versions`
+//! 1. ground values: `ids`, `progress`, `key_slice`, `clock`, `cause`, `files`, `backoff`, `kpl`, `versions`, `parked`
 //! 2. config: `config`
 //! 3. sinks and clients: `logging`, `telemetry`, `throttle`, `kinesis`, `channel`, `artifacts`
 //! 4. leases: `lease`
@@ -101,6 +101,7 @@ mod lease;
 mod logging;
 mod ops;
 mod outputs;
+mod parked;
 mod pipeline;
 mod plugin;
 mod progress;
@@ -122,8 +123,8 @@ mod tests;
 pub use channel::CHANNEL_CAPACITY;
 pub use commands::{
     CanaryOptions, DEFAULT_READS_PER_SECOND, DeployAs, Imported, ReplayOptions, ReplayReport,
-    deploy, deregister_consumer, end_shadow, import_kcl, promote, replay, rollback, state_get,
-    versions,
+    deploy, deregister_consumer, end_shadow, import_kcl, promote, quarantine_list, replay,
+    rollback, state_get, versions,
 };
 pub use config::{Config, defaults};
 pub use dispatch::LANE_INBOX;
@@ -131,9 +132,10 @@ pub use dispatch::routing::lane_for;
 pub use files::MAX_PLUGIN_BYTES;
 pub use ids::{PartitionKey, PluginDigest, ShardId, StreamName, SubscriptionName};
 pub use key_slice::KeySlice;
-pub use lease::LeaseStore;
 pub use lease::file::FileLeaseStore;
+pub use lease::{DocKind, LeaseStore};
 pub use logging::{LogFormat, LogGuard, init as init_logging};
+pub use parked::{ParkLimits, ParkedKey, ParkedKeys, Source};
 pub use plugin::PluginHost;
 pub use progress::Checkpoint;
 pub use supervisor::{LoadedSubscription, load_plugins, run};

@@ -43,6 +43,21 @@ enum StateCommand {
 }
 
 #[derive(Subcommand)]
+enum QuarantineCommand {
+    /// List a subscription's parked keys (`on_failure = "quarantine"`):
+    /// when and why each was parked, how many records it holds, the first
+    /// and the latest. Release one with `shardlane redrive --key`.
+    List {
+        /// The TOML config file.
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
+        config: PathBuf,
+        /// The subscription's name.
+        #[arg(long, short)]
+        subscription: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Run the service until SIGINT or SIGTERM.
     Run {
@@ -194,6 +209,11 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         log_format: Format,
     },
+    /// Inspect a subscription's quarantine (read-only).
+    Quarantine {
+        #[command(subcommand)]
+        command: QuarantineCommand,
+    },
     /// Inspect per-key state (read-only).
     State {
         #[command(subcommand)]
@@ -315,6 +335,13 @@ fn main() -> ExitCode {
             };
             return replay(config, options, log_format);
         }
+        Command::Quarantine {
+            command:
+                QuarantineCommand::List {
+                    config,
+                    subscription,
+                },
+        } => quarantine_list(config, &subscription),
         Command::State {
             command:
                 StateCommand::Get {
@@ -537,6 +564,34 @@ fn show_versions(config_path: PathBuf, subscription: &str) -> anyhow::Result<()>
             change.note
         );
     }
+    Ok(())
+}
+
+fn quarantine_list(config_path: PathBuf, subscription: &str) -> anyhow::Result<()> {
+    let config = Config::load(&config_path)?;
+    let runtime = one_shot_runtime()?;
+    let parked = runtime.block_on(shardlane::quarantine_list(&config, subscription))?;
+    if parked.keys.is_empty() {
+        println!("no key of {subscription:?} is parked");
+        return Ok(());
+    }
+    println!(
+        "{:<24}  {:<20}  {:>8}  {:<32}  {:<24}  REASON",
+        "KEY", "SINCE (UTC)", "RECORDS", "FIRST (shard/sequence)", "BY"
+    );
+    for (key, p) in &parked.keys {
+        let since = std::time::UNIX_EPOCH + std::time::Duration::from_millis(p.since_ms);
+        println!(
+            "{:<24}  {:<20}  {:>8}  {:<32}  {:<24}  {}",
+            key,
+            humantime::format_rfc3339_seconds(since).to_string(),
+            p.records,
+            p.first.to_string(),
+            p.by,
+            p.reason
+        );
+    }
+    println!("{} keys parked", parked.keys.len());
     Ok(())
 }
 

@@ -53,7 +53,7 @@ use tokio_util::sync::CancellationToken;
 use crate::channel::{self, DeliveryReceiver};
 use crate::config::{LeaseConfig, SubscriptionConfig};
 use crate::dispatch::Dispatcher;
-use crate::failure::{DeadLetterSink, DeadLetters, Policy};
+use crate::failure::{DeadLetterSink, DeadLetters, Policy, Quarantine};
 use crate::ids::{OwnerId, SubscriptionName};
 use crate::kinesis::{ConsumerArn, Kinesis};
 use crate::lease::{
@@ -62,7 +62,7 @@ use crate::lease::{
 use crate::outputs::{OutputStage, PUBLISH_QUEUE, PutRecords};
 use crate::reader::pool::ReaderPool;
 use crate::reader::range::Range;
-use crate::reader::{FanOut, ReaderContext, ShardSubscriber};
+use crate::reader::{BeforeRead, FanOut, ReaderContext, ShardSubscriber};
 use crate::rollout::Rollout;
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
 use crate::state::{StateMetrics, StateStage};
@@ -138,20 +138,26 @@ fn report_fill(telemetry: &Telemetry, sub: &SubscriptionConfig, deliveries: &Del
 }
 
 /// The subscription's failure policy, its dead letters put to Kinesis
-/// (or where `effects` says).
+/// (or where `effects` says), with its quarantine (`quarantine` makes it
+/// from its sink).
 fn failure_policy(
     sub: &SubscriptionConfig,
     kinesis: &Kinesis,
     effects: Option<&Effects>,
+    quarantine: impl FnOnce(Arc<dyn DeadLetterSink>) -> Arc<Quarantine>,
 ) -> Policy {
-    Policy::new(&sub.failure, |stream| match effects {
-        Some(effects) => effects.dead_letters.clone(),
-        None => Arc::new(DeadLetters::new(
-            kinesis.clone(),
-            stream.clone(),
-            sub.name.clone(),
-        )),
-    })
+    Policy::with_quarantine(
+        &sub.failure,
+        |stream| match effects {
+            Some(effects) => effects.dead_letters.clone(),
+            None => Arc::new(DeadLetters::new(
+                kinesis.clone(),
+                stream.clone(),
+                sub.name.clone(),
+            )),
+        },
+        quarantine,
+    )
 }
 
 /// The state stage, when the subscription keeps state.
@@ -199,10 +205,22 @@ impl Pipeline {
         let settlement = Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx)
             .with_telemetry(&telemetry);
         let state = state_stage(&sub, &store, &telemetry);
+        let policy = failure_policy(&sub, &kinesis, effects.as_ref(), |sink| {
+            Arc::new(Quarantine::new(
+                sub.name.clone(),
+                store.clone(),
+                sink,
+                sub.failure.quarantine,
+                owner.to_string(),
+                &telemetry,
+                status.clone(),
+            ))
+        });
+        let quarantine = policy.quarantine().cloned();
         let dispatcher = Dispatcher::new(
             sub.clone(),
             slot.clone(),
-            failure_policy(&sub, &kinesis, effects.as_ref()),
+            policy,
             settle_tx.clone(),
             publish_tx,
             telemetry.clone(),
@@ -232,6 +250,7 @@ impl Pipeline {
             telemetry: telemetry.clone(),
             status: status.clone(),
             range,
+            before_read: quarantine.map(|q| q as Arc<dyn BeforeRead>),
         });
         let keeper = Keeper::new(
             sub.clone(),

@@ -103,6 +103,16 @@ impl ShardReads for Kinesis {
     }
 }
 
+/// What a reader waits for before it opens a shard: the quarantine reads
+/// the parked keys (see `crate::failure`'s quarantine), so a shard taken
+/// over never hands out a record of a key parked elsewhere. A seam, as
+/// dispatch's handler is: defined here, implemented above.
+#[async_trait]
+pub(crate) trait BeforeRead: Send + Sync {
+    /// Returns once the shard may be read (it retries what fails itself).
+    async fn before_read(&self, shard: &ShardId);
+}
+
 /// What a fan-out reader asks of Kinesis: a subscription to a shard from
 /// a position. Its seam, as [`ShardReads`] is the polling reader's;
 /// [`FanOut`] implements it with SubscribeToShard.
@@ -171,6 +181,8 @@ pub(crate) struct ReaderContext {
     /// A replay's range: only what lies in it is read, then each shard
     /// ends (see [`range`]). `None` for the service.
     pub range: Option<Arc<range::Range>>,
+    /// Waited for before a shard is opened ([`BeforeRead`]).
+    pub before_read: Option<Arc<dyn BeforeRead>>,
 }
 
 /// How a reader ended.
@@ -384,6 +396,12 @@ impl ShardReader {
     }
 
     async fn read(&mut self) -> ReaderExit {
+        if let Some(hook) = self.ctx.before_read.clone() {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return ReaderExit::Cancelled,
+                () = hook.before_read(&self.shard) => {}
+            }
+        }
         let open = SettlementMsg::Open {
             shard: self.shard.clone(),
             session: self.session,

@@ -24,7 +24,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::{self, ArtifactStore};
-use crate::config::{Config, LeaseBackend, OnFailure, ReadMode, SubscriptionConfig, defaults};
+use crate::config::{Config, LeaseBackend, ReadMode, SubscriptionConfig, defaults};
 use crate::ids::{OwnerId, StreamName, SubscriptionName};
 use crate::kinesis::{self, ConsumerArn, Kinesis, KinesisError};
 use crate::lease::LeaseStore;
@@ -279,7 +279,7 @@ async fn preflight(
             tracing::info!(subscription = %sub.name, consumer = %consumer, arn = %arn.0, "reading by enhanced fan-out");
             consumers.insert(sub.name.clone(), arn);
         }
-        if let OnFailure::DeadLetter(dlq) = &sub.failure.on_failure {
+        if let Some(dlq) = sub.failure.on_failure.dead_letter_stream() {
             check_stream(kinesis, dlq, "dead_letter_stream")
                 .await
                 .with_context(context)?;

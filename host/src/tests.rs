@@ -69,6 +69,7 @@ pub(crate) fn reader_context(
         telemetry,
         status,
         range: None,
+        before_read: None,
     };
     (ctx, deliveries, settlement)
 }

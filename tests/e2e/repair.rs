@@ -460,3 +460,182 @@ async fn a_replay_refuses_bad_ranges_dry_runs_and_resumes_after_kill_9() {
         "every effect once: {finally:?}"
     );
 }
+
+/// The data the retry guest handled (`handled data=<d> attempt=<n>`), in
+/// order.
+fn retried(lines: &[LogLine]) -> Vec<String> {
+    guest_lines(lines, "handled data=")
+        .iter()
+        .map(|l| {
+            let m = field(l, "message");
+            m["handled data=".len()..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The dead letters of `key` on `dlq`, as parsed envelopes, in order.
+async fn dead_letters_of(kinesis: &Kinesis, dlq: &str, key: &str) -> Vec<serde_json::Value> {
+    kinesis
+        .read_all(dlq)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k == key)
+        .map(|(_, data)| serde_json::from_slice(&data).unwrap())
+        .collect()
+}
+
+/// The original data of envelopes, decoded.
+fn data_of(envelopes: &[serde_json::Value]) -> Vec<String> {
+    envelopes
+        .iter()
+        .map(|e| {
+            let b = aws_smithy_types::base64::decode(e["data_base64"].as_str().unwrap()).unwrap();
+            String::from_utf8(b).unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_poison_key_is_parked_while_the_other_keys_flow_and_stays_parked_across_a_restart() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dynalite = Dynalite::start().await.unwrap();
+    let (stream, dlq, table) = (
+        unique_name("poison"),
+        unique_name("poison-dlq"),
+        unique_name("leases"),
+    );
+    kinesis.create_stream(&stream, 1).await.unwrap();
+    kinesis.create_stream(&dlq, 1).await.unwrap();
+    let env = env(&kinesis, &dynalite);
+    // One lane for all 50 keys; the poison record asks to retry until
+    // attempt 100, far past max_attempts.
+    let config = dynamodb_config(
+        "live",
+        &table,
+        &stream,
+        &guests.retry,
+        QUICK_LEASES,
+        &format!(
+            "max_attempts = 3\nretry_backoff = {{ initial = \"20ms\", max = \"50ms\" }}\non_failure = \"quarantine\"\ndead_letter_stream = \"{dlq}\""
+        ),
+    );
+    let mut records = Vec::new();
+    for round in 0..4 {
+        for key in 0..50 {
+            let data = if key == 0 && round == 0 {
+                "hold:100".to_owned()
+            } else {
+                format!("key-{key}#{round}")
+            };
+            records.push((format!("key-{key}"), data.into_bytes()));
+        }
+    }
+    kinesis.put_records(&stream, &records).await.unwrap();
+    let others: Vec<String> = (1..50)
+        .flat_map(|k| (0..4).map(move |r| format!("key-{k}#{r}")))
+        .collect();
+    let mut service = HostProcess::start_with(shardlane_bin(), &config, &env).unwrap();
+    service
+        .wait_for(
+            "the other 49 keys handled",
+            Duration::from_secs(60),
+            |lines| {
+                let seen: BTreeSet<String> = retried(lines).into_iter().collect();
+                others.iter().all(|d| seen.contains(d))
+            },
+        )
+        .await
+        .unwrap();
+    let handled = retried(&service.lines());
+    assert_eq!(
+        handled.iter().filter(|d| *d == "hold:100").count(),
+        3,
+        "tried max_attempts times"
+    );
+    assert!(
+        !handled.iter().any(|d| d.starts_with("key-0#")),
+        "no later record of the parked key ran: {handled:?}"
+    );
+    let parked = dead_letters_of(&kinesis, &dlq, "key-0").await;
+    assert_eq!(
+        data_of(&parked),
+        vec!["hold:100", "key-0#1", "key-0#2", "key-0#3"],
+        "every record of the key dead-lettered, in order"
+    );
+    assert!(parked.iter().all(|e| e["reason"] == "quarantined"));
+    assert!(
+        parked[0]["cause"]
+            .as_str()
+            .unwrap()
+            .contains("held until attempt 100"),
+        "{}",
+        parked[0]
+    );
+    let out = std::process::Command::new(shardlane_bin())
+        .args(["quarantine", "list", "--subscription", "fleet", "--config"])
+        .arg(service_config(&config).path())
+        .envs(env.iter().copied())
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = listed
+        .lines()
+        .find(|l| l.starts_with("key-0 "))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(row.split_whitespace().nth(2) == Some("4"), "{row}");
+    let admin = crate::common::admin_addr(&service);
+    let (_, status) = crate::common::http(&admin, "GET", "/status.json", None, b"");
+    assert!(
+        status.contains("1 key parked (quarantine): key-0"),
+        "{status}"
+    );
+
+    // A restart keeps it parked: the key's new records go after the others.
+    service.terminate().await.unwrap();
+    kinesis
+        .put_records(
+            &stream,
+            &[
+                ("key-0".to_owned(), b"key-0#4".to_vec()),
+                ("key-7".to_owned(), b"key-7#4".to_vec()),
+            ],
+        )
+        .await
+        .unwrap();
+    let mut again = HostProcess::start_with(shardlane_bin(), &config, &env).unwrap();
+    again
+        .wait_for("key-7's new record", Duration::from_secs(60), |lines| {
+            retried(lines).iter().any(|d| d == "key-7#4")
+        })
+        .await
+        .unwrap();
+    assert!(
+        !retried(&again.lines())
+            .iter()
+            .any(|d| d.starts_with("key-0#") || d == "hold:100")
+    );
+    let parked = dead_letters_of(&kinesis, &dlq, "key-0").await;
+    assert_eq!(data_of(&parked).last().map(String::as_str), Some("key-0#4"));
+    again.terminate().await.unwrap();
+}
+
+/// A config written to a file, for the CLI.
+fn service_config(config: &str) -> tempfile::NamedTempFile {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), config).unwrap();
+    file
+}

@@ -68,7 +68,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::subscription;
 use crate::clock::now_ms;
-use crate::config::{Config, LeaseBackend, OnFailure, ReadMode, StartPosition, SubscriptionConfig};
+use crate::config::{Config, LeaseBackend, ReadMode, StartPosition, SubscriptionConfig};
 use crate::ids::{OwnerId, PluginDigest, SequenceNumber, ShardId, StreamName, SubscriptionName};
 use crate::kinesis::{Kinesis, KinesisError, ShardInfo};
 use crate::lease::LeaseStore;
@@ -482,7 +482,7 @@ async fn check_streams(kinesis: &Kinesis, sub: &SubscriptionConfig) -> anyhow::R
         .iter()
         .map(|s| ("outputs", s))
         .collect();
-    if let OnFailure::DeadLetter(dlq) = &sub.failure.on_failure {
+    if let Some(dlq) = sub.failure.on_failure.dead_letter_stream() {
         streams.push(("dead_letter_stream", dlq));
     }
     for (key, stream) in streams {

@@ -111,3 +111,13 @@ pub const STATE_MAX_PER_KEY_DYNAMODB: u64 = 192 << 10;
 /// rules judge it: at 100 a 5-point rule is not tripped by a handful of
 /// unlucky records, and a busy stream reaches it in seconds.
 pub const CANARY_MIN_RECORDS: u64 = 100;
+
+/// Keys a subscription's quarantine parks at once (`quarantine.max_keys`):
+/// a few poison keys are an incident, a hundred an outage better blocked
+/// and looked at. The list lives in one lease-store item (well under
+/// DynamoDB's 400 KB at 100 keys of 256 bytes).
+pub const QUARANTINE_MAX_KEYS: usize = 100;
+
+/// Records one parked key holds (`quarantine.max_records`): each costs a
+/// conditional lease-store write and a dead-letter put.
+pub const QUARANTINE_MAX_RECORDS: u64 = 100_000;

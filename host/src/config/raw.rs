@@ -121,6 +121,7 @@ pub(super) struct RawSubscription {
     pub(super) max_record_age: Option<String>,
     pub(super) on_failure: Option<RawOnFailure>,
     pub(super) dead_letter_stream: Option<String>,
+    pub(super) quarantine: Option<RawQuarantine>,
     pub(super) bisect_on_error: Option<bool>,
     pub(super) max_memory: Option<String>,
     pub(super) fuel: Option<i64>,
@@ -155,6 +156,14 @@ pub(super) enum RawOnFailure {
     Block,
     Skip,
     DeadLetter,
+    Quarantine,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawQuarantine {
+    pub(super) max_keys: Option<i64>,
+    pub(super) max_records: Option<i64>,
 }
 
 #[derive(Deserialize)]

@@ -308,6 +308,50 @@ fn max_leases_per_instance() {
 }
 
 #[test]
+fn quarantine_needs_its_stream_and_bounds_what_it_holds() {
+    let sub = |extra: &str| parse(&format!("{MINIMAL}{extra}")).map(|c| c.subscriptions[0].clone());
+    let q = sub("on_failure = \"quarantine\"\ndead_letter_stream = \"dlq\"\n").unwrap();
+    assert_eq!(q.failure.on_failure, OnFailure::Quarantine("dlq".into()));
+    assert_eq!(
+        q.failure.on_failure.dead_letter_stream(),
+        Some(&"dlq".into())
+    );
+    assert_eq!(q.failure.quarantine.max_keys, defaults::QUARANTINE_MAX_KEYS);
+    assert_eq!(
+        q.failure.quarantine.max_records,
+        defaults::QUARANTINE_MAX_RECORDS
+    );
+    let bounded = sub("on_failure = \"quarantine\"\ndead_letter_stream = \"dlq\"\nquarantine = { max_keys = 5, max_records = 7 }\n").unwrap();
+    assert_eq!(
+        (
+            bounded.failure.quarantine.max_keys,
+            bounded.failure.quarantine.max_records
+        ),
+        (5, 7)
+    );
+    let err = |extra: &str| sub(extra).unwrap_err();
+    assert!(
+        err("on_failure = \"quarantine\"\n").contains(
+            "subscription[0].dead_letter_stream`: on_failure = \"quarantine\" needs the stream"
+        ),
+        "{}",
+        err("on_failure = \"quarantine\"\n")
+    );
+    assert!(
+        err("quarantine = { max_keys = 5 }\n")
+            .contains("subscription[0].quarantine`: only applies with on_failure = \"quarantine\"")
+    );
+    assert!(err("on_failure = \"quarantine\"\ndead_letter_stream = \"dlq\"\nquarantine = { max_keys = 0 }\n").contains("subscription[0].quarantine.max_keys`: 0 is out of range"));
+    assert!(err("on_failure = \"quarantine\"\ndead_letter_stream = \"dlq\"\nquarantine = { max_records = -1 }\n").contains("quarantine.max_records`: -1 is out of range"));
+    assert!(
+        err(
+            "on_failure = \"quarantine\"\ndead_letter_stream = \"dlq\"\nquarantine = { keys = 1 }\n"
+        )
+        .contains("keys")
+    );
+}
+
+#[test]
 fn failure_policy_and_sandbox() {
     let sub = |extra: &str| parse(&format!("{MINIMAL}{extra}")).map(|c| c.subscriptions[0].clone());
     let d = sub("").unwrap();

@@ -19,7 +19,7 @@ use super::raw::{
 };
 use super::{
     AdminConfig, ArtifactLocation, AssumeRole, AwsConfig, AwsTimeouts, Config, ConfigError,
-    EmfConfig, EmfTarget, LeaseBackend, LeaseConfig, LeaseStoreKind, OnFailure, SubscriptionConfig,
+    EmfConfig, EmfTarget, LeaseBackend, LeaseConfig, LeaseStoreKind, SubscriptionConfig,
     TracesConfig, default_cache_dir, defaults, parse_size,
 };
 
@@ -114,10 +114,7 @@ impl Validator<'_> {
         subscriptions: &[SubscriptionConfig],
     ) -> Result<(), ConfigError> {
         for (i, sub) in subscriptions.iter().enumerate() {
-            let dead_letter = match &sub.failure.on_failure {
-                OnFailure::DeadLetter(stream) => Some(stream),
-                _ => None,
-            };
+            let dead_letter = sub.failure.on_failure.dead_letter_stream();
             let named = std::iter::once(("stream", &sub.stream))
                 .chain(dead_letter.map(|s| ("dead_letter_stream", s)))
                 .chain(sub.sandbox.grants.outputs.iter().map(|s| ("outputs", s)));

@@ -380,9 +380,22 @@ impl<F: HandlerFactory> Lane<F> {
     /// False when `hard_stop` cut it off.
     async fn deliver(&mut self, group: Vec<Item>, hard_stop: &CancellationToken) -> bool {
         self.follow_swaps();
+        let mut group = group;
+        // Records of parked keys go straight to the dead-letter stream
+        // (see `crate::failure`'s quarantine).
+        if let Some(q) = self.policy.quarantine().cloned()
+            && q.any_parked()
+        {
+            if !Box::pin(self.forward_parked(&mut group, &q, hard_stop)).await {
+                return false;
+            }
+            if group.is_empty() {
+                self.spare = group;
+                return true;
+            }
+        }
         let mut backoff = self.backoff();
         let mut groups: VecDeque<Vec<Item>> = VecDeque::new();
-        let mut group = group;
         for (position, item) in (0..).zip(group.iter_mut()) {
             item.position = position;
         }

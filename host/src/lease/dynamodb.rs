@@ -27,8 +27,8 @@
 //! added as instances start, and earlier versions skip them (their
 //! planner only looks at the stream's shard ids).
 //!
-//! A subscription's fleet versions are one item of the same table (see
-//! the `versions` submodule).
+//! A subscription's documents (its fleet versions, its parked keys) are
+//! items of the same table (see the `versions` submodule).
 //!
 //! Per-key state lives in the same table, in items whose keys no lease can
 //! have, committed with the checkpoint (see the `state` submodule).
@@ -360,19 +360,22 @@ impl DynamoDbLeaseStore {
 
 #[async_trait]
 impl LeaseStore for DynamoDbLeaseStore {
-    async fn read_versions(
+    async fn read_doc(
         &self,
         subscription: &SubscriptionName,
-    ) -> Result<Option<crate::versions::FleetVersions>, LeaseError> {
-        self.get_versions(subscription).await
+        kind: super::DocKind,
+    ) -> Result<Option<String>, LeaseError> {
+        self.get_doc(subscription, kind).await
     }
 
-    async fn write_versions(
+    async fn write_doc(
         &self,
         subscription: &SubscriptionName,
-        next: &crate::versions::FleetVersions,
-    ) -> Result<(), LeaseError> {
-        self.put_versions(subscription, next).await
+        kind: super::DocKind,
+        revision: u64,
+        doc: String,
+    ) -> Result<bool, LeaseError> {
+        self.put_doc(subscription, kind, revision, doc).await
     }
 
     async fn survey(

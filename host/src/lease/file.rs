@@ -27,10 +27,10 @@
 //! skip what arrived while the host was down (`start = "latest"`); moving the
 //! file away is the operator's decision.
 //!
-//! A subscription's fleet versions ([`crate::versions`]) live in a third
-//! table, `versions`, keyed by subscription, each value the JSON document;
-//! a write checks the revision and stores the new value in one write
-//! transaction.
+//! A subscription's documents — its fleet versions ([`crate::versions`]),
+//! its parked keys ([`crate::parked`]) — live in a third table, `versions`,
+//! keyed by subscription (and kind), each value the JSON document; a write
+//! checks the revision and stores the new value in one write transaction.
 //!
 //! Heartbeats (see [`super`]) are kept in memory: only this process can
 //! open the file, so no other instance ever reads them, and leases an
@@ -46,16 +46,28 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Heartbeat, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, Load, StateWrite, Survey, rules,
+    DocKind, Heartbeat, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, Load, StateWrite,
+    Survey, rules,
 };
 use crate::cause::Cause;
 use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
-use crate::versions::FleetVersions;
+
+/// A document's key in [`DOCS`]: the subscription alone for its versions
+/// (as an earlier version stored them), `<subscription>#!<kind>` for the
+/// others (no subscription name holds `#!`).
+fn doc_key(subscription: &SubscriptionName, kind: DocKind) -> String {
+    match kind {
+        DocKind::Versions => subscription.to_string(),
+        other => format!("{subscription}#!{}", other.name()),
+    }
+}
 
 const LEASES: TableDefinition<&str, &str> = TableDefinition::new("leases");
 const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
-const VERSIONS: TableDefinition<&str, &str> = TableDefinition::new("versions");
+/// Each subscription's documents ([`DocKind`]). Named for the first of
+/// them: a file of an earlier version holds its versions here already.
+const DOCS: TableDefinition<&str, &str> = TableDefinition::new("versions");
 const SEP: char = '\u{1f}';
 
 /// The stored form of one lease.
@@ -274,52 +286,54 @@ fn write_in(table: &mut redb::Table<&str, &str>, lease: &Lease) -> Result<(), Le
 
 #[async_trait]
 impl LeaseStore for FileLeaseStore {
-    async fn read_versions(
+    async fn read_doc(
         &self,
         subscription: &SubscriptionName,
-    ) -> Result<Option<FleetVersions>, LeaseError> {
+        kind: DocKind,
+    ) -> Result<Option<String>, LeaseError> {
         let db = self.db.clone();
-        let key = subscription.to_string();
+        let key = doc_key(subscription, kind);
         tokio::task::spawn_blocking(move || {
             let txn = db.begin_read().map_err(store_error)?;
-            let table = match txn.open_table(VERSIONS) {
+            let table = match txn.open_table(DOCS) {
                 Ok(table) => table,
                 Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
                 Err(e) => return Err(store_error(e)),
             };
             let found = table.get(key.as_str()).map_err(store_error)?;
-            found
-                .map(|v| serde_json::from_str(v.value()).map_err(store_error))
-                .transpose()
+            Ok(found.map(|v| v.value().to_owned()))
         })
         .await
         .map_err(store_error)?
     }
 
-    async fn write_versions(
+    async fn write_doc(
         &self,
         subscription: &SubscriptionName,
-        next: &FleetVersions,
-    ) -> Result<(), LeaseError> {
+        kind: DocKind,
+        revision: u64,
+        doc: String,
+    ) -> Result<bool, LeaseError> {
         let db = self.db.clone();
-        let subscription = subscription.clone();
-        let value = serde_json::to_string(next).map_err(store_error)?;
-        let next = next.clone();
+        let key = doc_key(subscription, kind);
         tokio::task::spawn_blocking(move || {
             let txn = db.begin_write().map_err(store_error)?;
-            {
-                let mut table = txn.open_table(VERSIONS).map_err(store_error)?;
-                let current: Option<FleetVersions> = table
-                    .get(subscription.as_str())
+            let stored = {
+                let mut table = txn.open_table(DOCS).map_err(store_error)?;
+                let current = table
+                    .get(key.as_str())
                     .map_err(store_error)?
-                    .map(|v| serde_json::from_str(v.value()).map_err(store_error))
-                    .transpose()?;
-                rules::write_versions(current.as_ref(), &subscription, &next)?;
-                table
-                    .insert(subscription.as_str(), value.as_str())
-                    .map_err(store_error)?;
-            }
-            txn.commit().map_err(store_error)
+                    .map(|v| v.value().to_owned());
+                let stored = rules::write_doc(current.as_deref(), revision);
+                if stored {
+                    table
+                        .insert(key.as_str(), doc.as_str())
+                        .map_err(store_error)?;
+                }
+                stored
+            };
+            txn.commit().map_err(store_error)?;
+            Ok(stored)
         })
         .await
         .map_err(store_error)?
@@ -645,7 +659,7 @@ mod versions_tests {
     use super::*;
     use crate::ids::PluginDigest;
     use crate::lease::{VersionsUpdateError, update_versions};
-    use crate::versions::{Command, VersionsError};
+    use crate::versions::{Command, FleetVersions, VersionsError};
 
     /// Catches: fleet versions that do not survive a restart (a restarted
     /// host would run its config's plugin again, undoing a deploy), a

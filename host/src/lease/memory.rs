@@ -10,11 +10,11 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::{
-    Heartbeat, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, Load, StateWrite, Survey, rules,
+    DocKind, Heartbeat, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, Load, StateWrite,
+    Survey, rules,
 };
 use crate::ids::{OwnerId, PartitionKey, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
-use crate::versions::FleetVersions;
 
 /// Leases (and state) in maps behind one std mutex: every operation is a
 /// short, purely in-memory critical section, never held across an
@@ -29,7 +29,8 @@ struct Inner {
     leases: BTreeMap<LeaseKey, Lease>,
     state: BTreeMap<(SubscriptionName, PartitionKey), Vec<u8>>,
     heartbeats: BTreeMap<(SubscriptionName, StreamName, OwnerId), Heartbeat>,
-    versions: BTreeMap<SubscriptionName, FleetVersions>,
+    /// Each subscription's documents, by kind.
+    docs: BTreeMap<(SubscriptionName, DocKind), String>,
 }
 
 impl MemoryLeaseStore {
@@ -65,23 +66,29 @@ impl MemoryLeaseStore {
 
 #[async_trait]
 impl LeaseStore for MemoryLeaseStore {
-    async fn read_versions(
+    async fn read_doc(
         &self,
         subscription: &SubscriptionName,
-    ) -> Result<Option<FleetVersions>, LeaseError> {
-        Ok(self.with_all(|inner| inner.versions.get(subscription).cloned()))
+        kind: DocKind,
+    ) -> Result<Option<String>, LeaseError> {
+        Ok(self.with_all(|inner| inner.docs.get(&(subscription.clone(), kind)).cloned()))
     }
 
-    async fn write_versions(
+    async fn write_doc(
         &self,
         subscription: &SubscriptionName,
-        next: &FleetVersions,
-    ) -> Result<(), LeaseError> {
-        self.with_all(|inner| {
-            rules::write_versions(inner.versions.get(subscription), subscription, next)?;
-            inner.versions.insert(subscription.clone(), next.clone());
-            Ok(())
-        })
+        kind: DocKind,
+        revision: u64,
+        doc: String,
+    ) -> Result<bool, LeaseError> {
+        Ok(self.with_all(|inner| {
+            let key = (subscription.clone(), kind);
+            let stored = rules::write_doc(inner.docs.get(&key).map(String::as_str), revision);
+            if stored {
+                inner.docs.insert(key, doc);
+            }
+            stored
+        }))
     }
 
     async fn survey(
@@ -303,25 +310,30 @@ mod versions_tests {
 
     #[async_trait]
     impl LeaseStore for Racing {
-        async fn read_versions(
+        async fn read_doc(
             &self,
             subscription: &SubscriptionName,
-        ) -> Result<Option<FleetVersions>, LeaseError> {
-            self.inner.read_versions(subscription).await
+            kind: DocKind,
+        ) -> Result<Option<String>, LeaseError> {
+            self.inner.read_doc(subscription, kind).await
         }
 
-        async fn write_versions(
+        async fn write_doc(
             &self,
             subscription: &SubscriptionName,
-            next: &FleetVersions,
-        ) -> Result<(), LeaseError> {
+            kind: DocKind,
+            revision: u64,
+            doc: String,
+        ) -> Result<bool, LeaseError> {
             if !self.raced.swap(true, Ordering::SeqCst) {
                 let theirs = Command::Deploy(PluginDigest::of(b"theirs"));
                 update_versions(&self.inner, subscription, theirs, "other")
                     .await
                     .unwrap();
             }
-            self.inner.write_versions(subscription, next).await
+            self.inner
+                .write_doc(subscription, kind, revision, doc)
+                .await
         }
 
         async fn survey(&self, _: &SubscriptionName, _: &StreamName) -> Result<Survey, LeaseError> {

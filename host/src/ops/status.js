@@ -122,6 +122,7 @@
         return row;
       }));
       set(section, ".version-problem", sub.version_problem ?? "");
+      set(section, ".parked", sub.parked ?? "");
       const s = sub.shadow;
       set(section, ".shadow", s ? `shadow ${s.digest}: ${s.calls} calls compared, differing in outcome ${s.outcome}, output ${s.output}, state ${s.state}; ${s.dropped} dropped (behind)` : "");
       section.querySelector("table.history tbody").replaceChildren(...sub.history.map((c) => {

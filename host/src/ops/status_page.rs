@@ -44,6 +44,8 @@ struct SubscriptionSnapshot {
     version_problem: Option<String>,
     /// The shadow candidate and its counts, while one runs.
     shadow: Option<crate::telemetry::ShadowView>,
+    /// The parked keys in words (empty while none is).
+    parked: String,
 }
 
 #[derive(serde::Serialize)]
@@ -118,6 +120,7 @@ pub(super) fn snapshot(state: &OpsState) -> Snapshot {
                 history: status.history(),
                 version_problem: status.version_problem(),
                 shadow: status.shadow(),
+                parked: parked_text(&status.parked()),
             })
             .collect(),
     }
@@ -165,6 +168,19 @@ pub(super) fn page(state: &OpsState) -> String {
     html
 }
 
+/// The parked keys in words: `2 keys parked (quarantine): a, b`.
+fn parked_text((count, shown): &(usize, Vec<String>)) -> String {
+    if *count == 0 {
+        return String::new();
+    }
+    let more = if *count > shown.len() { ", …" } else { "" };
+    let noun = if *count == 1 { "key" } else { "keys" };
+    format!(
+        "{count} {noun} parked (quarantine): {}{more}",
+        shown.join(", ")
+    )
+}
+
 /// A shadow candidate in words (the script writes the same).
 fn shadow_text(s: &crate::telemetry::ShadowView) -> String {
     format!(
@@ -193,9 +209,10 @@ fn subscription(html: &mut String, name: &str, status: &SubscriptionStatus) {
     }
     let _ = write!(
         html,
-        "<p class=\"version-problem\">{}</p><p class=\"shadow\">{}</p>",
+        "<p class=\"version-problem\">{}</p><p class=\"shadow\">{}</p><p class=\"parked\">{}</p>",
         escape(&status.version_problem().unwrap_or_default()),
         escape(&status.shadow().map(|s| shadow_text(&s)).unwrap_or_default()),
+        escape(&parked_text(&status.parked())),
     );
     html.push_str("<table class=\"versions\"><tr><th>version</th><th>digest</th><th>records/s</th><th>ack</th><th>retry</th><th>reject</th><th>failed</th><th>not acked, last 5 min</th></tr>");
     for v in status.versions() {

@@ -251,6 +251,8 @@ pub(crate) struct SubscriptionStatus {
     version_problem: Mutex<Option<String>>,
     /// The shadow candidate and its counts, while one runs.
     shadow: Mutex<Option<ShadowView>>,
+    /// Parked keys: how many, and the first few.
+    parked: Mutex<(usize, Vec<String>)>,
     synced: AtomicBool,
     coverage: Mutex<Coverage>,
 }
@@ -430,6 +432,20 @@ impl SubscriptionStatus {
     /// The shadow candidate and its counts, while one runs.
     pub(crate) fn shadow(&self) -> Option<ShadowView> {
         self.shadow
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The parked keys (on_failure = "quarantine"): how many, and the
+    /// first few.
+    pub(crate) fn set_parked(&self, count: usize, shown: Vec<String>) {
+        *self.parked.lock().unwrap_or_else(|e| e.into_inner()) = (count, shown);
+    }
+
+    /// The parked keys: how many, and the first few.
+    pub(crate) fn parked(&self) -> (usize, Vec<String>) {
+        self.parked
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use crate::channel::Record;
-use crate::config::{OnFailure, SubscriptionConfig};
+use crate::config::SubscriptionConfig;
 use crate::failure::{DeadLetterSink, LastFailure, Put};
 use crate::ids::{PartitionKey, StreamName};
 use crate::kinesis::KinesisError;
@@ -35,10 +35,12 @@ pub(super) struct Capture {
 impl Capture {
     pub(super) fn new(sub: &SubscriptionConfig) -> Self {
         Self {
-            dead_letter_stream: match &sub.failure.on_failure {
-                OnFailure::DeadLetter(stream) => stream.clone(),
-                _ => StreamName::new("-"),
-            },
+            dead_letter_stream: sub
+                .failure
+                .on_failure
+                .dead_letter_stream()
+                .cloned()
+                .unwrap_or_else(|| StreamName::new("-")),
             outputs: Mutex::new(BTreeMap::new()),
             dead_letters: Mutex::new((0, Vec::new())),
         }

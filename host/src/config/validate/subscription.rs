@@ -17,6 +17,7 @@ use super::Validator;
 use crate::config::StateConfig;
 use crate::ids::{StreamName, SubscriptionName};
 use crate::key_slice::KeySlice;
+use crate::parked::ParkLimits;
 
 /// The checks of `subscription[i]`, each naming its key under that prefix.
 pub(super) struct Subscription<'a, 'f> {
@@ -294,16 +295,25 @@ impl Subscription<'_, '_> {
             (RawOnFailure::DeadLetter, Some(stream)) if !stream.trim().is_empty() => {
                 OnFailure::DeadLetter(StreamName::new(stream.as_str()))
             }
+            (RawOnFailure::Quarantine, Some(stream)) if !stream.trim().is_empty() => {
+                OnFailure::Quarantine(StreamName::new(stream.as_str()))
+            }
             (RawOnFailure::DeadLetter, _) => {
                 return Err(self.invalid(
                     "dead_letter_stream",
                     "on_failure = \"dead_letter\" needs the stream to put failed records to",
                 ));
             }
+            (RawOnFailure::Quarantine, _) => {
+                return Err(self.invalid(
+                    "dead_letter_stream",
+                    "on_failure = \"quarantine\" needs the stream to put parked records to",
+                ));
+            }
             (_, Some(_)) => {
                 return Err(self.invalid(
                     "dead_letter_stream",
-                    "only applies with on_failure = \"dead_letter\"",
+                    "only applies with on_failure = \"dead_letter\" or \"quarantine\"",
                 ));
             }
             (RawOnFailure::Block, None) => OnFailure::Block,
@@ -327,6 +337,7 @@ impl Subscription<'_, '_> {
             },
             on_failure,
             bisect_on_error: sub.bisect_on_error.unwrap_or(false),
+            quarantine: self.quarantine(sub)?,
         };
         if failure.bisect_on_error && !batches {
             return Err(self.invalid(
@@ -335,6 +346,47 @@ impl Subscription<'_, '_> {
             ));
         }
         Ok(failure)
+    }
+
+    /// `quarantine = { max_keys, max_records }`, only with
+    /// `on_failure = "quarantine"`.
+    fn quarantine(&self, sub: &RawSubscription) -> Result<ParkLimits, ConfigError> {
+        let mut limits = ParkLimits {
+            max_keys: defaults::QUARANTINE_MAX_KEYS,
+            max_records: defaults::QUARANTINE_MAX_RECORDS,
+        };
+        let Some(raw) = &sub.quarantine else {
+            return Ok(limits);
+        };
+        if sub.on_failure != Some(RawOnFailure::Quarantine) {
+            return Err(self.invalid(
+                "quarantine",
+                "only applies with on_failure = \"quarantine\"",
+            ));
+        }
+        if let Some(keys) = raw.max_keys {
+            limits.max_keys = match usize::try_from(keys) {
+                Ok(n @ 1..=1_000) => n,
+                _ => {
+                    return Err(self.invalid(
+                        "quarantine.max_keys",
+                        format!("{keys} is out of range: 1 to 1000"),
+                    ));
+                }
+            };
+        }
+        if let Some(records) = raw.max_records {
+            limits.max_records = match u64::try_from(records) {
+                Ok(n @ 1..=10_000_000) => n,
+                _ => {
+                    return Err(self.invalid(
+                        "quarantine.max_records",
+                        format!("{records} is out of range: 1 to 10000000"),
+                    ));
+                }
+            };
+        }
+        Ok(limits)
     }
 
     fn sandbox(

@@ -8,7 +8,7 @@ use super::{BLOCKED_LOG_EVERY, DEAD_LETTER_BACKOFF, Item, Lane, Stopped, sleep};
 use crate::backoff::Backoff;
 use crate::channel::Record;
 use crate::dispatch::HandlerFactory;
-use crate::failure::{self, LastFailure, Next};
+use crate::failure::{self, LastFailure, Next, ParkError, Parking, Quarantine};
 use crate::ids::PluginDigest;
 use crate::settlement::SettlementMsg;
 
@@ -26,6 +26,20 @@ impl<F: HandlerFactory> Lane<F> {
         match policy.after_failure(item.attempt, failure::age(&item.record)) {
             Next::Retry => {}
             Next::Blocked => self.log_blocked(&item.record, item.attempt, reason),
+            Next::Quarantine(q) => {
+                let failure = LastFailure {
+                    reason,
+                    attempts: item.attempt,
+                    version: version.as_ref(),
+                    cause: None,
+                };
+                // Full: blocks as `on_failure = "block"` (see the quarantine's "Bounds").
+                if self.park(&item.record, q, failure, true, stop).await? == Some(Parking::Parked) {
+                    self.settle(SettlementMsg::Settle(item.ticket)).await;
+                    return Ok(None);
+                }
+                self.log_blocked(&item.record, item.attempt, reason);
+            }
             next => {
                 return if self.give_up(item, next, reason, version, stop).await {
                     Ok(None)
@@ -36,6 +50,75 @@ impl<F: HandlerFactory> Lane<F> {
         }
         item.attempt = item.attempt.saturating_add(1);
         Ok(Some(item))
+    }
+
+    /// Parks `record` in the quarantine `q` (its key's first, or a later
+    /// record of a parked key), trying again with backoff while the store
+    /// or the dead-letter put fails. `None` when the quarantine is full for
+    /// a first record (the caller blocks it); a later record of a key at
+    /// its bound waits here until the key is released.
+    pub(super) async fn park(
+        &mut self,
+        record: &Record,
+        q: &Quarantine,
+        failure: LastFailure<'_>,
+        first: bool,
+        stop: &CancellationToken,
+    ) -> Result<Option<Parking>, Stopped> {
+        let mut backoff = Backoff::new(DEAD_LETTER_BACKOFF.0, DEAD_LETTER_BACKOFF.1);
+        loop {
+            let parked = tokio::select! {
+                _ = stop.cancelled() => return Err(Stopped),
+                parked = q.park(record, failure, first) => parked,
+            };
+            match parked {
+                Ok(parking) => return Ok(Some(parking)),
+                Err(ParkError::Full(e)) if first => {
+                    tracing::error!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, partition_key = %record.partition_key, error = %e, "quarantine full: the record's key is not parked, the record blocks its lane until keys are released");
+                    return Ok(None);
+                }
+                Err(e) => {
+                    tracing::error!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, partition_key = %record.partition_key, error = %e, "cannot park the record; retrying (it stays unsettled)");
+                    if !sleep(backoff.next_wait(), stop).await {
+                        return Err(Stopped);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Parks the records of `group` whose key is parked, in order, and
+    /// keeps the rest (and any whose key was released meanwhile) for the
+    /// handler. False when `stop` cut it off.
+    pub(super) async fn forward_parked(
+        &mut self,
+        group: &mut Vec<Item>,
+        q: &Quarantine,
+        stop: &CancellationToken,
+    ) -> bool {
+        let mut kept = Vec::with_capacity(group.len());
+        for item in std::mem::take(group) {
+            if !q.is_parked(&item.record.partition_key) {
+                kept.push(item);
+                continue;
+            }
+            let version = self.version_of(&item.record);
+            let failure = LastFailure {
+                reason: "its key is parked",
+                attempts: 0,
+                version: version.as_ref(),
+                cause: None,
+            };
+            match self.park(&item.record, q, failure, false, stop).await {
+                Err(Stopped) => return false,
+                Ok(Some(Parking::Parked)) => {
+                    self.settle(SettlementMsg::Settle(item.ticket)).await;
+                }
+                Ok(Some(Parking::Released) | None) => kept.push(item),
+            }
+        }
+        *group = kept;
+        true
     }
 
     fn log_blocked(&self, record: &Record, attempt: u32, reason: &str) {
@@ -70,6 +153,7 @@ impl<F: HandlerFactory> Lane<F> {
                     reason,
                     attempts,
                     version: version.as_ref(),
+                    cause: None,
                 };
                 let mut backoff = Backoff::new(DEAD_LETTER_BACKOFF.0, DEAD_LETTER_BACKOFF.1);
                 loop {
@@ -92,8 +176,9 @@ impl<F: HandlerFactory> Lane<F> {
                     }
                 }
             }
-            // Retry and Blocked never reach here (see `after_failure`).
-            Next::Skip | Next::Retry | Next::Blocked => {
+            // Retry, Blocked and Quarantine never reach here (see
+            // `after_failure`; a reject under quarantine dead-letters).
+            Next::Skip | Next::Retry | Next::Blocked | Next::Quarantine(_) => {
                 self.metrics.skipped.inc();
                 tracing::error!(subscription = %sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, partition_key = %record.partition_key, attempts, reason, "record skipped");
             }

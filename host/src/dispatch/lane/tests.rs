@@ -28,6 +28,7 @@ use crate::telemetry::Telemetry;
 
 mod batches;
 mod outputs;
+mod quarantine;
 
 /// One scripted answer; when the script runs out, everything is acked.
 enum Step {
@@ -255,13 +256,24 @@ async fn run_lane(
     records: Vec<Delivery>,
     stop_after: Option<Duration>,
 ) -> Run {
-    let telemetry = Telemetry::new();
-    let status = telemetry.subscription(&sub.name, sub.mode());
     let policy = Policy::new(&sub.failure, |stream| {
         let sink = sink.clone().expect("a sink for on_failure = dead_letter");
         assert_eq!(&sink.stream, stream);
         sink as Arc<dyn DeadLetterSink>
     });
+    run_lane_with(sub, policy, script, records, stop_after).await
+}
+
+/// [`run_lane`] with a policy made by the caller.
+async fn run_lane_with(
+    sub: Arc<SubscriptionConfig>,
+    policy: Policy,
+    script: Arc<Script>,
+    records: Vec<Delivery>,
+    stop_after: Option<Duration>,
+) -> Run {
+    let telemetry = Telemetry::new();
+    let status = telemetry.subscription(&sub.name, sub.mode());
     let (settle_tx, mut settle_rx) = mpsc::channel(1024);
     let (publish_tx, mut publish_rx) = mpsc::channel(1024);
     let lane = Lane::new(
@@ -567,6 +579,10 @@ fn the_failure_policy_config_is_what_the_lane_applies() {
             max_record_age: None,
             on_failure: OnFailure::Skip,
             bisect_on_error: false,
+            quarantine: crate::parked::ParkLimits {
+                max_keys: crate::config::defaults::QUARANTINE_MAX_KEYS,
+                max_records: crate::config::defaults::QUARANTINE_MAX_RECORDS,
+            },
         }
     );
 }

@@ -1,18 +1,18 @@
-//! A subscription's fleet versions ([`crate::versions`]) in the lease
-//! table: one item per subscription, in a partition no lease group can
-//! have (stream names cannot hold `!`), so no sync's Query reads it and an
-//! earlier version of the host never sees it.
+//! A subscription's documents ([`DocKind`]: its fleet versions, its parked
+//! keys) in the lease table: one item per subscription and kind, in a
+//! partition no lease group can have (stream names cannot hold `!`), so no
+//! sync's Query reads it and an earlier version of the host never sees it.
 //!
 //! | attribute | type | role |
 //! |---|---|---|
-//! | `lease_group` | S | `<subscription>#!versions` |
+//! | `lease_group` | S | `<subscription>#!versions`, `<subscription>#!parked` |
 //! | `shard_id` | S | `-` |
 //! | `revision` | N | the value's revision: every write is conditional on it |
-//! | `doc` | S | the value, as JSON (at most [`HISTORY_KEPT`] history entries: well under the 400 KB an item holds) |
+//! | `doc` | S | the value, as JSON (the versions keep at most [`HISTORY_KEPT`] history entries, the parked keys at most `quarantine_max_keys`: well under the 400 KB an item holds) |
 //!
 //! A write is a PutItem conditional on the item's absence (revision 1) or
 //! on `revision` being the one the new value was made from; a failed
-//! condition is [`LeaseError::VersionsChanged`]. Reads are strongly
+//! condition answers false. Reads are strongly
 //! consistent: an instance that just wrote reads its own write.
 //!
 //! [`HISTORY_KEPT`]: crate::versions::HISTORY_KEPT
@@ -21,33 +21,35 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::error::{Kind, failed, kind};
+use super::error::{Kind, failed, kind as kind_of};
 use super::{DynamoDbLeaseStore, GROUP, SHARD, n, s};
-use crate::cause::Cause;
 use crate::ids::SubscriptionName;
-use crate::lease::LeaseError;
-use crate::versions::FleetVersions;
+use crate::lease::{DocKind, LeaseError};
 
 const REVISION: &str = "revision";
 const DOC: &str = "doc";
 
-fn key(subscription: &SubscriptionName) -> HashMap<String, AttributeValue> {
+fn key(subscription: &SubscriptionName, kind: DocKind) -> HashMap<String, AttributeValue> {
     HashMap::from([
-        (GROUP.to_owned(), s(&format!("{subscription}#!versions"))),
+        (
+            GROUP.to_owned(),
+            s(&format!("{subscription}#!{}", kind.name())),
+        ),
         (SHARD.to_owned(), s("-")),
     ])
 }
 
 impl DynamoDbLeaseStore {
-    pub(super) async fn get_versions(
+    pub(super) async fn get_doc(
         &self,
         subscription: &SubscriptionName,
-    ) -> Result<Option<FleetVersions>, LeaseError> {
+        kind: DocKind,
+    ) -> Result<Option<String>, LeaseError> {
         let output = self
             .client
             .get_item()
             .table_name(&self.table)
-            .set_key(Some(key(subscription)))
+            .set_key(Some(key(subscription, kind)))
             .consistent_read(true)
             .send()
             .await
@@ -56,21 +58,22 @@ impl DynamoDbLeaseStore {
             return Ok(None);
         };
         let doc = item.get(DOC).and_then(|v| v.as_s().ok()).ok_or_else(|| {
-            LeaseError::Store(format!("the versions of {subscription}: no {DOC} attribute").into())
+            LeaseError::Store(
+                format!("the {} of {subscription}: no {DOC} attribute", kind.name()).into(),
+            )
         })?;
-        serde_json::from_str(doc)
-            .map(Some)
-            .map_err(|e| LeaseError::Store(Cause::new(e)))
+        Ok(Some(doc.clone()))
     }
 
-    pub(super) async fn put_versions(
+    pub(super) async fn put_doc(
         &self,
         subscription: &SubscriptionName,
-        next: &FleetVersions,
-    ) -> Result<(), LeaseError> {
-        let doc = serde_json::to_string(next).map_err(|e| LeaseError::Store(Cause::new(e)))?;
-        let mut item = key(subscription);
-        item.insert(REVISION.to_owned(), n(next.revision));
+        kind: DocKind,
+        revision: u64,
+        doc: String,
+    ) -> Result<bool, LeaseError> {
+        let mut item = key(subscription, kind);
+        item.insert(REVISION.to_owned(), n(revision));
         item.insert(DOC.to_owned(), s(&doc));
         let request = self
             .client
@@ -78,18 +81,16 @@ impl DynamoDbLeaseStore {
             .table_name(&self.table)
             .set_item(Some(item))
             .expression_attribute_names("#r", REVISION);
-        let request = if next.revision <= 1 {
+        let request = if revision <= 1 {
             request.condition_expression("attribute_not_exists(#r)")
         } else {
             request
                 .condition_expression("#r = :seen")
-                .expression_attribute_values(":seen", n(next.revision - 1))
+                .expression_attribute_values(":seen", n(revision - 1))
         };
         match request.send().await {
-            Ok(_) => Ok(()),
-            Err(e) if kind(&e) == Some(Kind::ConditionFailed) => {
-                Err(LeaseError::VersionsChanged(subscription.clone()))
-            }
+            Ok(_) => Ok(true),
+            Err(e) if kind_of(&e) == Some(Kind::ConditionFailed) => Ok(false),
             Err(e) => Err(failed(e)),
         }
     }

@@ -84,19 +84,24 @@ struct Store {
 
 #[async_trait]
 impl LeaseStore for Store {
-    async fn read_versions(
+    async fn read_doc(
         &self,
         subscription: &SubscriptionName,
-    ) -> Result<Option<crate::versions::FleetVersions>, LeaseError> {
-        self.inner.read_versions(subscription).await
+        kind: crate::lease::DocKind,
+    ) -> Result<Option<String>, LeaseError> {
+        self.inner.read_doc(subscription, kind).await
     }
 
-    async fn write_versions(
+    async fn write_doc(
         &self,
         subscription: &SubscriptionName,
-        next: &crate::versions::FleetVersions,
-    ) -> Result<(), LeaseError> {
-        self.inner.write_versions(subscription, next).await
+        kind: crate::lease::DocKind,
+        revision: u64,
+        doc: String,
+    ) -> Result<bool, LeaseError> {
+        self.inner
+            .write_doc(subscription, kind, revision, doc)
+            .await
     }
 
     async fn survey(
