@@ -11,6 +11,8 @@
 //!   the fleet's plugin versions of a subscription.
 //! - `quarantine`: `shardlane quarantine list`, a subscription's parked
 //!   keys.
+//! - `redrive`: `shardlane redrive`, dead letters handed back to the
+//!   plugin in per-key order, and a parked key released.
 //! - `replay`: `shardlane replay`, a range of a stream handled again next
 //!   to the service, its progress apart from the live checkpoints.
 //!
@@ -23,6 +25,7 @@
 mod deregister;
 mod import_kcl;
 mod quarantine;
+mod redrive;
 mod replay;
 mod state_get;
 mod versions;
@@ -34,6 +37,7 @@ use crate::config::{Config, SubscriptionConfig};
 pub use deregister::deregister_consumer;
 pub use import_kcl::{Imported, import_kcl};
 pub use quarantine::quarantine_list;
+pub use redrive::{RedriveOptions, RedriveReport, redrive};
 pub use replay::{DEFAULT_READS_PER_SECOND, ReplayOptions, ReplayReport, replay};
 pub use state_get::state_get;
 pub use versions::{CanaryOptions, DeployAs, deploy, end_shadow, promote, rollback, versions};

@@ -122,9 +122,9 @@ mod tests;
 
 pub use channel::CHANNEL_CAPACITY;
 pub use commands::{
-    CanaryOptions, DEFAULT_READS_PER_SECOND, DeployAs, Imported, ReplayOptions, ReplayReport,
-    deploy, deregister_consumer, end_shadow, import_kcl, promote, quarantine_list, replay,
-    rollback, state_get, versions,
+    CanaryOptions, DEFAULT_READS_PER_SECOND, DeployAs, Imported, RedriveOptions, RedriveReport,
+    ReplayOptions, ReplayReport, deploy, deregister_consumer, end_shadow, import_kcl, promote,
+    quarantine_list, redrive, replay, rollback, state_get, versions,
 };
 pub use config::{Config, defaults};
 pub use dispatch::LANE_INBOX;

@@ -209,6 +209,37 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         log_format: Format,
     },
+    /// Hand a subscription's dead letters back to a plugin version (the
+    /// records they carry, in their original per-key order), or, with
+    /// --key, bring a parked key's records back and release the key. What
+    /// was redriven is remembered: run again, nothing is handled twice.
+    Redrive {
+        /// The TOML config file.
+        #[arg(long, short, env = "SHARDLANE_CONFIG")]
+        config: PathBuf,
+        /// The subscription's name.
+        #[arg(long, short)]
+        subscription: String,
+        /// Only dead letters put since this time (RFC 3339, or -2h).
+        #[arg(long, allow_hyphen_values = true)]
+        since: Option<String>,
+        /// The plugin version to run (default: the version the fleet runs).
+        #[arg(long)]
+        plugin: Option<PathBuf>,
+        /// Put, write and release nothing: count and print a summary.
+        #[arg(long)]
+        dry_run: bool,
+        /// A parked key (`shardlane quarantine list`): bring its records
+        /// back in order, then release it.
+        #[arg(long)]
+        key: Option<String>,
+        /// GetRecords per dead-letter shard per second (default 5).
+        #[arg(long)]
+        reads_per_second: Option<f64>,
+        /// Log output format (the log goes to stdout, progress to stderr).
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        log_format: Format,
+    },
     /// Inspect a subscription's quarantine (read-only).
     Quarantine {
         #[command(subcommand)]
@@ -334,6 +365,26 @@ fn main() -> ExitCode {
                 reads_per_second,
             };
             return replay(config, options, log_format);
+        }
+        Command::Redrive {
+            config,
+            subscription,
+            since,
+            plugin,
+            dry_run,
+            key,
+            reads_per_second,
+            log_format,
+        } => {
+            let options = shardlane::RedriveOptions {
+                subscription,
+                since,
+                plugin,
+                dry_run,
+                key,
+                reads_per_second,
+            };
+            return redrive(config, options, log_format);
         }
         Command::Quarantine {
             command:
@@ -681,6 +732,32 @@ fn run(config_path: PathBuf, format: Format) -> anyhow::Result<()> {
 /// `shardlane replay`: logs as `run` does (stdout), progress on stderr,
 /// the summary on stdout; exits 130 when interrupted (resumable).
 fn replay(config_path: PathBuf, options: shardlane::ReplayOptions, format: Format) -> ExitCode {
+    bounded(config_path, format, |config, interrupt| async move {
+        let report = shardlane::replay(&config, &options, interrupt).await?;
+        Ok((
+            format!("replay {}:", report.name),
+            report.lines,
+            report.finished,
+        ))
+    })
+}
+
+/// `shardlane redrive`, as `replay`.
+fn redrive(config_path: PathBuf, options: shardlane::RedriveOptions, format: Format) -> ExitCode {
+    bounded(config_path, format, |config, interrupt| async move {
+        let report = shardlane::redrive(&config, &options, interrupt).await?;
+        Ok(("redrive:".to_owned(), report.lines, report.finished))
+    })
+}
+
+/// Runs a bounded command (replay, redrive): logs as `run` does (stdout),
+/// progress on stderr, then its title and summary lines on stdout; exits
+/// 130 when SIGINT or SIGTERM interrupted it.
+fn bounded<F, Fut>(config_path: PathBuf, format: Format, run: F) -> ExitCode
+where
+    F: FnOnce(Config, std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<(String, Vec<String>, bool)>>,
+{
     let done = (|| {
         let config = Config::load(&config_path)?;
         let _log = shardlane::init_logging(
@@ -696,16 +773,16 @@ fn replay(config_path: PathBuf, options: shardlane::ReplayOptions, format: Forma
             .context("cannot start the async runtime")?;
         runtime.block_on(async {
             let mut signals = Signals::install()?;
-            shardlane::replay(&config, &options, async move { signals.next().await }).await
+            run(config, Box::pin(async move { signals.next().await })).await
         })
     })();
     match done {
-        Ok(report) => {
-            println!("replay {}:", report.name);
-            for line in &report.lines {
+        Ok((title, lines, finished)) => {
+            println!("{title}");
+            for line in &lines {
                 println!("  {line}");
             }
-            if report.finished {
+            if finished {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(130)

@@ -62,7 +62,7 @@ use crate::lease::{
 use crate::outputs::{OutputStage, PUBLISH_QUEUE, PutRecords};
 use crate::reader::pool::ReaderPool;
 use crate::reader::range::Range;
-use crate::reader::{BeforeRead, FanOut, ReaderContext, ShardSubscriber};
+use crate::reader::{BeforeRead, Decode, FanOut, ReaderContext, ShardSubscriber};
 use crate::rollout::Rollout;
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
 use crate::state::{StateMetrics, StateStage};
@@ -97,6 +97,9 @@ pub(crate) struct Parts {
     /// Where outputs and dead letters go instead of Kinesis (a dry run
     /// captures them); `None`: to Kinesis.
     pub effects: Option<Effects>,
+    /// What readers do to records before handing them out (a redrive
+    /// decodes dead-letter envelopes); `None` for the service.
+    pub decode: Option<Arc<dyn Decode>>,
 }
 
 /// Where a pipeline's effects go when not to Kinesis.
@@ -191,6 +194,7 @@ impl Pipeline {
             telemetry,
             range,
             effects,
+            decode,
         } = parts;
         let status = telemetry.subscription(&sub.name, sub.mode());
         let (deliveries_tx, deliveries_rx) = channel::channel();
@@ -251,6 +255,7 @@ impl Pipeline {
             status: status.clone(),
             range,
             before_read: quarantine.map(|q| q as Arc<dyn BeforeRead>),
+            decode,
         });
         let keeper = Keeper::new(
             sub.clone(),

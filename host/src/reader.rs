@@ -53,7 +53,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
-use crate::channel::{Delivery, DeliverySender};
+use crate::channel::{Delivery, DeliverySender, Record};
 use crate::config::SubscriptionConfig;
 use crate::ids::{Position, SessionId, ShardId, StreamName};
 use crate::kinesis::{
@@ -111,6 +111,17 @@ impl ShardReads for Kinesis {
 pub(crate) trait BeforeRead: Send + Sync {
     /// Returns once the shard may be read (it retries what fails itself).
     async fn before_read(&self, shard: &ShardId);
+}
+
+/// What a reader does to the records of a page before it tracks and hands
+/// them out: a redrive turns dead-letter envelopes back into the records
+/// they carry, and drops those it does not redrive (they are never
+/// tracked, so they hold no checkpoint back). Each record keeps its
+/// position in the shard read. A seam: defined here, implemented above.
+#[async_trait]
+pub(crate) trait Decode: Send + Sync {
+    /// The records to hand out, in order.
+    async fn decode(&self, records: Vec<(Record, Position)>) -> Vec<(Record, Position)>;
 }
 
 /// What a fan-out reader asks of Kinesis: a subscription to a shard from
@@ -183,6 +194,9 @@ pub(crate) struct ReaderContext {
     pub range: Option<Arc<range::Range>>,
     /// Waited for before a shard is opened ([`BeforeRead`]).
     pub before_read: Option<Arc<dyn BeforeRead>>,
+    /// Applied to each page's records before they are handed out
+    /// ([`Decode`]); `None` for the service.
+    pub decode: Option<Arc<dyn Decode>>,
 }
 
 /// How a reader ended.
@@ -620,7 +634,10 @@ impl ShardReader {
             .skip_through
             .as_ref()
             .is_some_and(|s| page.iter().any(|f| &f.sequence >= s.sequence()));
-        let records = source.unpack(page, self.skip_through.as_ref(), &mut found);
+        let mut records = source.unpack(page, self.skip_through.as_ref(), &mut found);
+        if let Some(decode) = &self.ctx.decode {
+            records = decode.decode(records).await;
+        }
         if reached {
             self.skip_through = None;
         }

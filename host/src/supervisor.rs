@@ -365,6 +365,7 @@ async fn start_pipelines(
             telemetry: shared.telemetry.clone(),
             range: None,
             effects: None,
+            decode: None,
         }));
     }
     (rollouts, pipelines)

@@ -70,6 +70,7 @@ pub(crate) fn reader_context(
         status,
         range: None,
         before_read: None,
+        decode: None,
     };
     (ctx, deliveries, settlement)
 }

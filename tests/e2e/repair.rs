@@ -577,21 +577,7 @@ async fn a_poison_key_is_parked_while_the_other_keys_flow_and_stays_parked_acros
         "{}",
         parked[0]
     );
-    let out = std::process::Command::new(shardlane_bin())
-        .args(["quarantine", "list", "--subscription", "fleet", "--config"])
-        .arg(service_config(&config).path())
-        .envs(env.iter().copied())
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
-        .output()
-        .unwrap();
-    let listed = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let listed = quarantine_list(&config, &env);
     let row = listed
         .lines()
         .find(|l| l.starts_with("key-0 "))
@@ -630,7 +616,128 @@ async fn a_poison_key_is_parked_while_the_other_keys_flow_and_stays_parked_acros
     );
     let parked = dead_letters_of(&kinesis, &dlq, "key-0").await;
     assert_eq!(data_of(&parked).last().map(String::as_str), Some("key-0#4"));
+
+    // A redrive of the key through a fixed version brings its records back
+    // in order and releases it; the service then handles its next record.
+    let echo = guests.echo.to_str().unwrap();
+    let (redrive, status) = run_cli(
+        "redrive",
+        &config,
+        &[
+            "--subscription",
+            "fleet",
+            "--key",
+            "key-0",
+            "--plugin",
+            echo,
+        ],
+        &env,
+    )
+    .await;
+    assert!(
+        status.success(),
+        "{}\n{}",
+        redrive.stderr(),
+        summary(&redrive)
+    );
+    assert_eq!(
+        echoed(&redrive.lines()),
+        vec![
+            ("key-0".to_owned(), "\"hold:100\"".to_owned()),
+            ("key-0".to_owned(), "\"key-0#1\"".to_owned()),
+            ("key-0".to_owned(), "\"key-0#2\"".to_owned()),
+            ("key-0".to_owned(), "\"key-0#3\"".to_owned()),
+            ("key-0".to_owned(), "\"key-0#4\"".to_owned()),
+        ],
+        "the parked records, in order, through the fixed version"
+    );
+    assert!(
+        summary(&redrive).contains("key key-0 released"),
+        "{}",
+        summary(&redrive)
+    );
+    let out = quarantine_list(&config, &env);
+    assert!(out.contains("no key of \"fleet\" is parked"), "{out}");
+    kinesis
+        .put_records(&stream, &[("key-0".to_owned(), b"key-0#5".to_vec())])
+        .await
+        .unwrap();
+    again
+        .wait_for("key-0 handled again", Duration::from_secs(30), |lines| {
+            retried(lines).iter().any(|d| d == "key-0#5")
+        })
+        .await
+        .unwrap();
+    let (twice, status) = run_cli(
+        "redrive",
+        &config,
+        &[
+            "--subscription",
+            "fleet",
+            "--key",
+            "key-0",
+            "--plugin",
+            echo,
+        ],
+        &env,
+    )
+    .await;
+    assert!(!status.success());
+    assert!(
+        twice
+            .stderr()
+            .starts_with("error: key \"key-0\" is not parked"),
+        "{}",
+        twice.stderr()
+    );
     again.terminate().await.unwrap();
+}
+
+/// `shardlane quarantine list` of subscription `fleet`: its stdout.
+fn quarantine_list(config: &str, env: &[(&str, &str)]) -> String {
+    let file = service_config(config);
+    let out = std::process::Command::new(shardlane_bin())
+        .args(["quarantine", "list", "--subscription", "fleet", "--config"])
+        .arg(file.path())
+        .envs(env.iter().copied())
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `shardlane <command> <args>` (a bounded command with JSON logs) to
+/// its end.
+async fn run_cli(
+    command: &str,
+    config: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (HostProcess, std::process::ExitStatus) {
+    let mut process =
+        HostProcess::start_command(shardlane_bin(), command, config, args, env).unwrap();
+    let status = process.wait_exit(Duration::from_secs(120)).await.unwrap();
+    (process, status)
+}
+
+/// What the echo example logged: `(key, data)` of each record, in order.
+fn echoed(lines: &[LogLine]) -> Vec<(String, String)> {
+    guest_lines(lines, "echo key=")
+        .iter()
+        .map(|l| {
+            let m = field(l, "message");
+            let key = m["echo key=".len()..].split(' ').next().unwrap().to_owned();
+            let data = m.split_once(" data=").unwrap().1.to_owned();
+            (key, data)
+        })
+        .collect()
 }
 
 /// A config written to a file, for the CLI.
@@ -638,4 +745,166 @@ fn service_config(config: &str) -> tempfile::NamedTempFile {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), config).unwrap();
     file
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_come_back_through_a_fixed_version_in_key_order_once() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dynalite = Dynalite::start().await.unwrap();
+    let (stream, dlq, table) = (
+        unique_name("redrive"),
+        unique_name("redrive-dlq"),
+        unique_name("leases"),
+    );
+    kinesis.create_stream(&stream, 2).await.unwrap();
+    kinesis.create_stream(&dlq, 2).await.unwrap();
+    let env = env(&kinesis, &dynalite);
+    // The failing version rejects whatever is not `add=<n>`: every record
+    // here is dead-lettered, the big one by reference (its data left out).
+    let policy = format!(
+        "state = {{ max_value = \"1KiB\" }}\non_failure = \"dead_letter\"\ndead_letter_stream = \"{dlq}\""
+    );
+    let config = dynamodb_config(
+        "live",
+        &table,
+        &stream,
+        &guests.stateful,
+        QUICK_LEASES,
+        &policy,
+    );
+
+    // Bad input first: one line, a non-zero exit, nothing read or written.
+    let no_dlq = dynamodb_config("live", &table, &stream, &guests.stateful, QUICK_LEASES, "");
+    let missing = dynamodb_config(
+        "live",
+        &table,
+        &stream,
+        &guests.stateful,
+        QUICK_LEASES,
+        "on_failure = \"dead_letter\"\ndead_letter_stream = \"no-such-dlq\"",
+    );
+    for (cfg, args, said) in [
+        (
+            &no_dlq,
+            vec![],
+            "error: subscription \"fleet\" has no dead_letter_stream",
+        ),
+        (
+            &missing,
+            vec![],
+            "error: dead_letter_stream \"no-such-dlq\" does not exist",
+        ),
+        (
+            &config,
+            vec!["--key", "nope"],
+            "error: key \"nope\" is not parked",
+        ),
+        (
+            &config,
+            vec!["--since", "soon"],
+            "error: --since \"soon\": not a time",
+        ),
+        (
+            &config,
+            vec!["--subscription", "nope"],
+            "error: no subscription named \"nope\"",
+        ),
+    ] {
+        let mut all = args.clone();
+        if !all.contains(&"--subscription") {
+            all.extend(["--subscription", "fleet"]);
+        }
+        let (run, status) = run_cli("redrive", cfg, &all, &env).await;
+        assert!(!status.success(), "{all:?}");
+        let stderr = run.stderr();
+        assert_eq!(stderr.lines().count(), 1, "{all:?}: {stderr}");
+        assert!(stderr.starts_with(said), "{all:?}: {stderr}");
+        assert_eq!(replay_items(&dynalite, &table).await, 0);
+    }
+
+    let mut records = Vec::new();
+    for round in 0..3 {
+        for key in 0..5 {
+            records.push((
+                format!("k-{key}"),
+                format!("bad-{key}-{round}").into_bytes(),
+            ));
+        }
+    }
+    let big = vec![0xff_u8; 800_000];
+    kinesis.put_records(&stream, &records).await.unwrap();
+    kinesis
+        .put_records(&stream, &[("big".to_owned(), big.clone())])
+        .await
+        .unwrap();
+    let mut service = HostProcess::start_with(shardlane_bin(), &config, &env).unwrap();
+    service
+        .wait_for(
+            "every record dead-lettered",
+            Duration::from_secs(60),
+            |lines| {
+                lines
+                    .iter()
+                    .filter(|l| field(l, "message") == "record dead-lettered")
+                    .count()
+                    == 16
+            },
+        )
+        .await
+        .unwrap();
+    let dead = kinesis.read_all(&dlq).await.unwrap();
+    let by_reference: Vec<serde_json::Value> = dead
+        .iter()
+        .map(|(_, d)| serde_json::from_slice::<serde_json::Value>(d).unwrap())
+        .filter(|e| e["data_omitted"] == true)
+        .collect();
+    assert_eq!(by_reference.len(), 1, "the big record travels by reference");
+    service.terminate().await.unwrap();
+
+    let echo = guests.echo.to_str().unwrap();
+    let (first, status) = run_cli(
+        "redrive",
+        &config,
+        &["--subscription", "fleet", "--plugin", echo],
+        &env,
+    )
+    .await;
+    assert!(status.success(), "{}\n{}", first.stderr(), summary(&first));
+    let handled = echoed(&first.lines());
+    for key in 0..5 {
+        let mine: Vec<&str> = handled
+            .iter()
+            .filter(|(k, _)| k == &format!("k-{key}"))
+            .map(|(_, d)| d.as_str())
+            .collect();
+        let want: Vec<String> = (0..3).map(|r| format!("\"bad-{key}-{r}\"")).collect();
+        assert_eq!(mine, want, "k-{key}: once each, in order");
+    }
+    assert!(
+        handled.contains(&("big".to_owned(), "<800000 bytes of binary data>".to_owned())),
+        "the big record's data read back from its stream: {handled:?}"
+    );
+    assert_eq!(handled.len(), 16);
+    assert!(
+        summary(&first).contains("dead letters: 16 redriven"),
+        "{}",
+        summary(&first)
+    );
+
+    // Run again: nothing is handled twice.
+    let (second, status) = run_cli(
+        "redrive",
+        &config,
+        &["--subscription", "fleet", "--plugin", echo],
+        &env,
+    )
+    .await;
+    assert!(status.success(), "{}", second.stderr());
+    assert_eq!(echoed(&second.lines()), Vec::new());
+    assert!(
+        summary(&second).contains("dead letters: 0 redriven"),
+        "{}",
+        summary(&second)
+    );
 }

@@ -77,6 +77,7 @@ use crate::lease::memory::MemoryLeaseStore;
 use crate::pipeline::{Effects, Parts, Pipeline};
 use crate::plugin::{Plugin, PluginHost, World};
 use crate::progress::Checkpoint;
+use crate::reader::Decode;
 use crate::reader::range::{Edge, Range};
 use crate::supervisor::{hostname, open_artifacts, open_store, plugin_host};
 use crate::swap::PluginSlot;
@@ -260,27 +261,8 @@ pub async fn replay(
     .await?;
     let range = Arc::new(Range::new(from.clone(), to.clone()));
 
-    let mut replay_sub = sub.clone();
-    replay_sub.name = derived.clone();
-    replay_sub.read = ReadMode::Polling;
-    replay_sub.canary = None;
-    replay_sub.start = StartPosition::TrimHorizon;
-    replay_sub.max_reads_per_second = reads_per_second;
-    replay_sub.checkpoint_every = CHECKPOINT_EVERY;
-    let replay_sub = Arc::new(replay_sub);
-    let mut lease = config.lease.clone();
-    lease.shard_sync_every = SHARD_SYNC_EVERY;
-    lease.max_leases_per_instance = None;
+    let replay_sub = Arc::new(bounded_subscription(sub, &derived, reads_per_second));
     let capture = options.dry_run.then(|| Arc::new(Capture::new(sub)));
-    let status = telemetry.subscription(&derived, replay_sub.mode());
-    let slot = Arc::new(PluginSlot::new(
-        plugins,
-        plugin,
-        replay_sub.handler_timeout,
-        replay_sub.sandbox.clone(),
-        status,
-        telemetry.clone(),
-    ));
     eprintln!(
         "replay {name} of {} on stream {}: {} .. {}, {} reads per shard per second{}",
         sub.name,
@@ -294,30 +276,23 @@ pub async fn replay(
             ""
         },
     );
-    let pipeline = Pipeline::start(Parts {
-        subscription: replay_sub.clone(),
-        slot,
-        rollout: None,
-        kinesis: kinesis.clone(),
-        fan_out: None,
-        store: store.clone(),
-        lease,
-        owner: OwnerId::new(format!("replay@{}-{}", hostname(), std::process::id())),
-        telemetry: telemetry.clone(),
-        range: Some(range.clone()),
-        effects: capture.clone().map(|c| Effects {
-            outputs: c.clone(),
-            dead_letters: c,
-        }),
-    });
-    let finished = watch(&range, &*store, &kinesis, &replay_sub, &name, interrupt).await;
-    if !pipeline.shutdown().await {
-        bail!(
-            "replay {name}: a pipeline task failed (see the log); run it again with --name {name} to resume"
-        );
-    }
-    let shards: Vec<ShardId> = range.progress().into_keys().collect();
-    let mut lines = summary(&telemetry, &replay_sub, &shards, capture.as_deref());
+    let (finished, mut lines) = run_bounded(
+        Bounded {
+            config,
+            sub: replay_sub,
+            plugins,
+            plugin,
+            telemetry,
+            kinesis,
+            store,
+            range,
+            capture,
+            decode: None,
+            name: &name,
+        },
+        interrupt,
+    )
+    .await?;
     if !finished {
         lines.push(format!(
             "interrupted: run it again with --name {name} to go on where it stopped"
@@ -328,6 +303,111 @@ pub async fn replay(
         finished,
         lines,
     })
+}
+
+/// The subscription `sub` as a bounded run (a replay, a redrive) runs it
+/// under `name`: polling within `reads_per_second`, no canary, its own
+/// checkpoints every second (module docs).
+pub(super) fn bounded_subscription(
+    sub: &SubscriptionConfig,
+    name: &SubscriptionName,
+    reads_per_second: f64,
+) -> SubscriptionConfig {
+    let mut bounded = sub.clone();
+    bounded.name = name.clone();
+    bounded.read = ReadMode::Polling;
+    bounded.canary = None;
+    bounded.start = StartPosition::TrimHorizon;
+    bounded.max_reads_per_second = reads_per_second;
+    bounded.checkpoint_every = CHECKPOINT_EVERY;
+    bounded
+}
+
+/// What one bounded run (a replay, a redrive) is made of.
+pub(super) struct Bounded<'a> {
+    pub config: &'a Config,
+    /// The subscription as it runs ([`bounded_subscription`]).
+    pub sub: Arc<SubscriptionConfig>,
+    pub plugins: PluginHost,
+    pub plugin: Plugin,
+    pub telemetry: Arc<Telemetry>,
+    pub kinesis: Kinesis,
+    /// Where its progress lives.
+    pub store: Arc<dyn LeaseStore>,
+    pub range: Arc<Range>,
+    /// A dry run's effects.
+    pub capture: Option<Arc<Capture>>,
+    pub decode: Option<Arc<dyn Decode>>,
+    /// Its name, for messages.
+    pub name: &'a str,
+}
+
+/// Runs a bounded pipeline until every shard of its stream ended, or
+/// `interrupt` (then it stops in order, resumable); returns whether it
+/// finished, and the summary.
+///
+/// # Errors
+/// When a pipeline task failed.
+pub(super) async fn run_bounded(
+    run: Bounded<'_>,
+    interrupt: impl Future<Output = ()>,
+) -> anyhow::Result<(bool, Vec<String>)> {
+    let Bounded {
+        config,
+        sub,
+        plugins,
+        plugin,
+        telemetry,
+        kinesis,
+        store,
+        range,
+        capture,
+        decode,
+        name,
+    } = run;
+    let mut lease = config.lease.clone();
+    lease.shard_sync_every = SHARD_SYNC_EVERY;
+    lease.max_leases_per_instance = None;
+    let status = telemetry.subscription(&sub.name, sub.mode());
+    let slot = Arc::new(PluginSlot::new(
+        plugins,
+        plugin,
+        sub.handler_timeout,
+        sub.sandbox.clone(),
+        status,
+        telemetry.clone(),
+    ));
+    let pipeline = Pipeline::start(Parts {
+        subscription: sub.clone(),
+        slot,
+        rollout: None,
+        kinesis: kinesis.clone(),
+        fan_out: None,
+        store: store.clone(),
+        lease,
+        owner: OwnerId::new(format!(
+            "{}@{}-{}",
+            sub.name,
+            hostname(),
+            std::process::id()
+        )),
+        telemetry: telemetry.clone(),
+        range: Some(range.clone()),
+        effects: capture.clone().map(|c| Effects {
+            outputs: c.clone(),
+            dead_letters: c,
+        }),
+        decode,
+    });
+    let finished = watch(&range, &*store, &kinesis, &sub, name, interrupt).await;
+    if !pipeline.shutdown().await {
+        bail!("{name}: a pipeline task failed (see the log); run it again to resume");
+    }
+    let shards: Vec<ShardId> = range.progress().into_keys().collect();
+    Ok((
+        finished,
+        summary(&telemetry, &sub, &shards, capture.as_deref()),
+    ))
 }
 
 /// A replay's name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
@@ -356,7 +436,7 @@ fn default_name(from: &Edge, to: &Edge, digest: &PluginDigest, dry_run: bool) ->
 /// Parses one edge: `shard=sequence[,shard=sequence…]`, or a time: RFC
 /// 3339 (`2026-12-06T10:00:00Z`), `-<duration>` before now (`-2h`), or
 /// `now`.
-fn parse_edge(flag: &str, text: &str, now: u64) -> anyhow::Result<Edge> {
+pub(super) fn parse_edge(flag: &str, text: &str, now: u64) -> anyhow::Result<Edge> {
     let text = text.trim();
     if text.contains('=') {
         let mut map = BTreeMap::new();
@@ -395,7 +475,7 @@ fn parse_edge(flag: &str, text: &str, now: u64) -> anyhow::Result<Edge> {
 }
 
 /// An edge as the command prints it.
-fn describe(edge: &Edge) -> String {
+pub(super) fn describe(edge: &Edge) -> String {
     match edge {
         Edge::Time(ms) => {
             humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(*ms)).to_string()
@@ -497,7 +577,7 @@ async fn check_streams(kinesis: &Kinesis, sub: &SubscriptionConfig) -> anyhow::R
 
 /// The version to replay through (module docs, "What runs"), compiled
 /// and checked against the subscription's batching.
-fn compile(
+pub(super) fn compile(
     plugins: &PluginHost,
     sub: &SubscriptionConfig,
     path: &Path,
@@ -529,7 +609,7 @@ fn compile(
     Ok(plugin)
 }
 
-fn read_plugin(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
+pub(super) fn read_plugin(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
     crate::files::read_regular(path, crate::files::MAX_PLUGIN_BYTES)
         .with_context(|| format!("{what} {}", path.display()))
 }
@@ -537,7 +617,7 @@ fn read_plugin(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
 /// The bytes of the version the fleet runs: the stable version recorded in
 /// a DynamoDB lease store (the config's file when it holds it, else from
 /// `[artifacts]`), or the config's `plugin`.
-async fn running_bytes(
+pub(super) async fn running_bytes(
     config: &Config,
     sub: &SubscriptionConfig,
     live: Option<&dyn LeaseStore>,
@@ -796,5 +876,5 @@ mod capture;
 mod tests;
 mod view;
 
-use capture::Capture;
+pub(super) use capture::Capture;
 use view::View;

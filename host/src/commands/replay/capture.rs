@@ -26,14 +26,14 @@ struct Captured {
 
 /// A dry run's effects: outputs and dead letters counted and sampled,
 /// never put.
-pub(super) struct Capture {
+pub(crate) struct Capture {
     dead_letter_stream: StreamName,
     outputs: Mutex<BTreeMap<StreamName, Captured>>,
     dead_letters: Mutex<(u64, Vec<String>)>,
 }
 
 impl Capture {
-    pub(super) fn new(sub: &SubscriptionConfig) -> Self {
+    pub(crate) fn new(sub: &SubscriptionConfig) -> Self {
         Self {
             dead_letter_stream: sub
                 .failure
@@ -46,7 +46,7 @@ impl Capture {
         }
     }
 
-    pub(super) fn lines(&self, t: &Telemetry, sub: &str) -> Vec<String> {
+    pub(crate) fn lines(&self, t: &Telemetry, sub: &str) -> Vec<String> {
         let mut lines = Vec::new();
         let outputs = self.outputs.lock().unwrap_or_else(|e| e.into_inner());
         if outputs.is_empty() {
