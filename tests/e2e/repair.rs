@@ -149,9 +149,7 @@ struct Rig {
 
 impl Rig {
     async fn start(shards: i32) -> Self {
-        let guests = guests::build().unwrap();
-        let kinesis = Kinesis::start().await.unwrap();
-        let dynalite = Dynalite::start().await.unwrap();
+        let (guests, kinesis, dynalite) = emulators().await;
         let dir = tempfile::tempdir().unwrap();
         let (stream, output, table) = (
             unique_name("replay"),
@@ -461,6 +459,24 @@ async fn a_replay_refuses_bad_ranges_dry_runs_and_resumes_after_kill_9() {
     );
 }
 
+/// The guests built, and kinesis-local and dynalite started.
+async fn emulators() -> (guests::Guests, Kinesis, Dynalite) {
+    (
+        guests::build().unwrap(),
+        Kinesis::start().await.unwrap(),
+        Dynalite::start().await.unwrap(),
+    )
+}
+
+/// A stream and its dead-letter stream of `shards` each, and a lease
+/// table's name.
+async fn streams(kinesis: &Kinesis, name: &str, shards: i32) -> (String, String, String) {
+    let (stream, dlq) = (unique_name(name), unique_name(&format!("{name}-dlq")));
+    kinesis.create_stream(&stream, shards).await.unwrap();
+    kinesis.create_stream(&dlq, shards).await.unwrap();
+    (stream, dlq, unique_name("leases"))
+}
+
 /// The data the retry guest handled (`handled data=<d> attempt=<n>`), in
 /// order.
 fn retried(lines: &[LogLine]) -> Vec<String> {
@@ -502,16 +518,8 @@ fn data_of(envelopes: &[serde_json::Value]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_poison_key_is_parked_while_the_other_keys_flow_and_stays_parked_across_a_restart() {
-    let guests = guests::build().unwrap();
-    let kinesis = Kinesis::start().await.unwrap();
-    let dynalite = Dynalite::start().await.unwrap();
-    let (stream, dlq, table) = (
-        unique_name("poison"),
-        unique_name("poison-dlq"),
-        unique_name("leases"),
-    );
-    kinesis.create_stream(&stream, 1).await.unwrap();
-    kinesis.create_stream(&dlq, 1).await.unwrap();
+    let (guests, kinesis, dynalite) = emulators().await;
+    let (stream, dlq, table) = streams(&kinesis, "poison", 1).await;
     let env = env(&kinesis, &dynalite);
     // One lane for all 50 keys; the poison record asks to retry until
     // attempt 100, far past max_attempts.
@@ -749,16 +757,8 @@ fn service_config(config: &str) -> tempfile::NamedTempFile {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dead_letters_come_back_through_a_fixed_version_in_key_order_once() {
-    let guests = guests::build().unwrap();
-    let kinesis = Kinesis::start().await.unwrap();
-    let dynalite = Dynalite::start().await.unwrap();
-    let (stream, dlq, table) = (
-        unique_name("redrive"),
-        unique_name("redrive-dlq"),
-        unique_name("leases"),
-    );
-    kinesis.create_stream(&stream, 2).await.unwrap();
-    kinesis.create_stream(&dlq, 2).await.unwrap();
+    let (guests, kinesis, dynalite) = emulators().await;
+    let (stream, dlq, table) = streams(&kinesis, "redrive", 2).await;
     let env = env(&kinesis, &dynalite);
     // The failing version rejects whatever is not `add=<n>`: every record
     // here is dead-lettered, the big one by reference (its data left out).
