@@ -639,7 +639,7 @@ fn quarantine_list(config_path: PathBuf, subscription: &str) -> anyhow::Result<(
             p.records,
             p.first.to_string(),
             p.by,
-            p.reason
+            p.reason.escape_debug()
         );
     }
     println!("{} keys parked", parked.keys.len());

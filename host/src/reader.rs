@@ -206,6 +206,9 @@ pub(crate) enum ReaderExit {
     Cancelled,
     /// Read a closed shard to its end.
     ShardEnd,
+    /// Read an open shard to its tip, where an open-ended range stops (a
+    /// redrive): its place is kept by an ordinary checkpoint.
+    AtTip,
 }
 
 /// A reader's state between reads: the iterator, the backoff, and its
@@ -396,7 +399,7 @@ impl ShardReader {
                 ("shard_id", self.shard.as_str()),
             ],
         );
-        if exit == ReaderExit::Cancelled {
+        if exit != ReaderExit::ShardEnd {
             let close = SettlementMsg::Close {
                 shard: self.shard.clone(),
                 session: self.session,
@@ -501,12 +504,18 @@ impl ShardReader {
             Ok(page) => page,
             Err(e) => return self.read_failed(reading, current, e).await,
         };
-        // A replay's range ends at its end, or at the tip (see [`range`]).
-        let range_ended = self.ctx.range.as_ref().is_some_and(|range| {
-            let past = range.cut(&self.shard, &mut page.records);
-            range.note(&self.shard, &page.records);
-            past || range::Range::at_tip(page.records.len(), page.millis_behind)
-        });
+        // A range ends at its end, or at the tip (see [`range`]).
+        let (past_end, at_tip) = match &self.ctx.range {
+            None => (false, false),
+            Some(range) => {
+                let past = range.cut(&self.shard, &mut page.records);
+                range.note(&self.shard, &page.records);
+                (
+                    past,
+                    range::Range::at_tip(page.records.len(), page.millis_behind),
+                )
+            }
+        };
         span.record("messaging.batch.message_count", page.records.len());
         reading.backoff.reset();
         let read = if page.records.is_empty() {
@@ -526,9 +535,26 @@ impl ShardReader {
             return Err(ReaderExit::Cancelled);
         }
         match page.next_iterator {
-            Some(next) if !range_ended => {
+            Some(next) if !past_end && !at_tip => {
                 reading.iterator = Some(next);
                 Ok(())
+            }
+            // An open-ended range keeps an open shard's place at its tip:
+            // stopping, the reader tells settlement how far it got, and the
+            // final checkpoint is there (see [`range`]).
+            Some(_)
+                if !past_end
+                    && self
+                        .ctx
+                        .range
+                        .as_ref()
+                        .is_some_and(|r| r.keeps_place_at_tip()) =>
+            {
+                if let Some(range) = &self.ctx.range {
+                    range.ended(&self.shard);
+                }
+                tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "shard read to its tip");
+                Err(ReaderExit::AtTip)
             }
             _ => Err(self.end().await),
         }

@@ -907,4 +907,43 @@ async fn dead_letters_come_back_through_a_fixed_version_in_key_order_once() {
         "{}",
         summary(&second)
     );
+
+    // Dead letters put since are redriven by the next run, and only they.
+    let mut service = HostProcess::start_with(shardlane_bin(), &config, &env).unwrap();
+    kinesis
+        .put_records(
+            &stream,
+            &[
+                ("k-0".to_owned(), b"bad-0-3".to_vec()),
+                ("k-0".to_owned(), b"bad-0-4".to_vec()),
+            ],
+        )
+        .await
+        .unwrap();
+    service
+        .wait_for("two more dead-lettered", Duration::from_secs(60), |lines| {
+            lines
+                .iter()
+                .filter(|l| field(l, "message") == "record dead-lettered")
+                .count()
+                == 2
+        })
+        .await
+        .unwrap();
+    service.terminate().await.unwrap();
+    let (third, status) = run_cli(
+        "redrive",
+        &config,
+        &["--subscription", "fleet", "--plugin", echo],
+        &env,
+    )
+    .await;
+    assert!(status.success(), "{}", third.stderr());
+    assert_eq!(
+        echoed(&third.lines()),
+        vec![
+            ("k-0".to_owned(), "\"bad-0-3\"".to_owned()),
+            ("k-0".to_owned(), "\"bad-0-4\"".to_owned()),
+        ]
+    );
 }

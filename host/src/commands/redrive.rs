@@ -7,7 +7,9 @@
 //! over its **dead-letter stream**, under its own name —
 //! `<subscription>~redrive`, or `<subscription>~redrive~<hash of the
 //! key>` with `--key` — from `--since` (default: as far back as the
-//! stream keeps) to the stream's tip when it started. Its readers turn
+//! stream keeps) to each shard's tip, where it keeps its place with an
+//! ordinary checkpoint (an open-ended range, see `crate::reader::range`),
+//! so the next redrive starts there. Its readers turn
 //! each envelope back into the record it carries (data, partition key,
 //! source stream, shard, sequence and sub-sequence numbers, arrival) and
 //! drop the envelopes it does not redrive: another subscription's; records
@@ -38,12 +40,19 @@
 //! state is granted.
 //!
 //! # Releasing a parked key (`--key`)
-//! Once the redrive handled every parked record of the key up to the
-//! dead-letter stream's tip, it releases the key **only if** every one
-//! was acked and no record was parked after the last one it handled (the
-//! release names it, see `crate::parked`); otherwise the key stays parked
-//! and the summary says why. The service's next record of the key is then
-//! handled as usual, after all of those.
+//! It reads the dead-letter stream from a minute before the key was
+//! parked and takes the key's `quarantined` envelopes put since (an
+//! earlier parking's were redriven when it was released). Once it handled
+//! every one up to the stream's tip, it releases the key **only if** it
+//! found them all (from the first parked on, at least as many as were
+//! parked, none gone from its source), every one was acked, and no record
+//! was parked after the last one it handled
+//! (the release names it, see `crate::parked`); otherwise the key stays
+//! parked and the summary says why. The service's next record of the key
+//! is then handled as usual, after all of those. A key's redrive keeps no
+//! progress: interrupted, it brings every parked record back again when
+//! run again (at least once; the key stays parked meanwhile, so the order
+//! holds); released, the key has nothing left to redrive.
 //!
 //! Floor 12 (commands) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor and those below.
@@ -59,13 +68,13 @@ use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 
 use super::replay::{
-    Bounded, Capture, bounded_subscription, compile, describe, parse_edge, progress_store,
-    read_plugin, run_bounded, running_bytes,
+    Bounded, Capture, bounded_subscription, check_reads_per_second, compile, describe, parse_edge,
+    progress_store, read_plugin, run_bounded, running_bytes,
 };
 use super::subscription;
 use crate::channel::Record;
 use crate::clock::now_ms;
-use crate::config::{Config, DispatchMode, LeaseBackend, OnFailure};
+use crate::config::{Config, DispatchMode, LeaseBackend};
 use crate::ids::{PartitionKey, Position, SequenceNumber, ShardId, StreamName, SubscriptionName};
 use crate::kinesis::{Kinesis, KinesisError, ReadFrom};
 use crate::lease::{DocKind, LeaseStore, read_typed};
@@ -77,6 +86,17 @@ use crate::telemetry::Telemetry;
 
 /// Tries of the release's conditional write against other writers.
 const RELEASE_TRIES: u32 = 8;
+
+/// Tries of reading an envelope's record back from its stream.
+const READ_BACK_TRIES: u32 = 4;
+
+/// Empty pages followed when reading a record back (Kinesis may answer
+/// empty before it reaches the sequence number).
+const READ_BACK_PAGES: u32 = 5;
+
+/// How much earlier than a key was parked `--key` starts reading the
+/// dead-letter stream (a host's clock and the stream's may differ).
+const PARKED_READ_MARGIN_MS: u64 = 60_000;
 
 /// What `shardlane redrive` was asked.
 #[derive(Debug, Clone, Default)]
@@ -125,10 +145,7 @@ pub async fn redrive(
         );
     };
     let reads_per_second = options.reads_per_second.unwrap_or(5.0);
-    anyhow::ensure!(
-        reads_per_second > 0.0 && reads_per_second <= 5.0,
-        "--reads-per-second {reads_per_second}: out of range, above 0 and at most 5 (Kinesis's limit per shard)"
-    );
+    check_reads_per_second(reads_per_second)?;
     let kinesis = Kinesis::connect(&config.aws).await;
     let retention = kinesis.retention(&dlq).await.map_err(|e| match e {
         KinesisError::NotFound(_) => {
@@ -145,26 +162,55 @@ pub async fn redrive(
             Edge::Sequences(_) => bail!("--since {text:?}: a time, not sequence numbers"),
         },
     };
-    let store = open_store(config).await?;
+    // The lease store: for a key's parking, and (DynamoDB) the fleet's
+    // version and the redrive's progress. A file store a running host holds
+    // is not needed otherwise.
+    let dynamodb = matches!(config.lease.store, LeaseBackend::DynamoDb { .. });
+    let store = if options.key.is_some() || dynamodb {
+        Some(open_store(config).await?)
+    } else {
+        None
+    };
+    // With --key: the key, and since when it is parked.
     let key = match &options.key {
         None => None,
         Some(key) => {
-            let parked: ParkedKeys = read_typed(&*store, &sub.name, DocKind::Parked)
+            let store = store.as_deref().expect("opened for --key");
+            let parked: ParkedKeys = read_typed(store, &sub.name, DocKind::Parked)
                 .await
                 .context("cannot read the parked keys")?
                 .unwrap_or_default();
-            anyhow::ensure!(
-                parked.is_parked(key),
-                "key {key:?} is not parked in subscription {:?}: `shardlane quarantine list` shows the parked keys",
-                sub.name.as_str()
-            );
-            Some(PartitionKey::new(key.as_str()))
+            let Some(entry) = parked.keys.get(key) else {
+                bail!(
+                    "key {key:?} is not parked in subscription {:?}: `shardlane quarantine list` shows the parked keys",
+                    sub.name.as_str()
+                );
+            };
+            Some((
+                PartitionKey::new(key.as_str()),
+                entry.since_ms,
+                entry.first.clone(),
+                entry.records,
+            ))
         }
     };
+    // A key's parked records were all put since it was parked: read from a
+    // minute before (clocks differ a little), keep those put since.
+    let since = match &key {
+        Some((_, parked_since, ..)) if options.since.is_none() => parked_since
+            .saturating_sub(PARKED_READ_MARGIN_MS)
+            .max(since),
+        _ => since,
+    };
+    let parked_since = key.as_ref().map(|(_, since, ..)| *since);
+    let parked_first = key
+        .as_ref()
+        .map(|(_, _, first, records)| (first.clone(), *records));
+    let key = key.map(|(key, ..)| key);
 
     let telemetry = Telemetry::new();
     let plugins = plugin_host(config, Some(telemetry.clone()))?;
-    let live = matches!(config.lease.store, LeaseBackend::DynamoDb { .. }).then(|| store.clone());
+    let live = store.clone().filter(|_| dynamodb);
     let (bytes, path) = match options.plugin.as_deref() {
         Some(path) => (read_plugin(path, "--plugin")?, path),
         None => (
@@ -186,14 +232,15 @@ pub async fn redrive(
         name.replacen("redrive-", "redrive~", 1)
     ));
     let plugin = compile(&plugins, sub, path, &bytes, &derived)?;
-    let progress = progress_store(config, live, &name, options.dry_run).await?;
+    // A key's redrive keeps no progress: run again after an interruption,
+    // it brings every parked record back again (the key stays parked
+    // meanwhile, so their order holds), and once released it has nothing
+    // left to do.
+    let progress = progress_store(config, live, &name, options.dry_run || key.is_some()).await?;
 
     let mut bounded = bounded_subscription(sub, &derived, reads_per_second);
     bounded.stream = dlq.clone();
     Arc::make_mut(&mut bounded.sandbox.grants).state = None;
-    if let OnFailure::Quarantine(stream) = &bounded.failure.on_failure {
-        bounded.failure.on_failure = OnFailure::DeadLetter(stream.clone());
-    }
     if let DispatchMode::Workers(n) = bounded.dispatch {
         bounded.dispatch = DispatchMode::ByKey(n);
     }
@@ -203,9 +250,11 @@ pub async fn redrive(
         key: key.clone(),
         kinesis: kinesis.clone(),
         counts: Counts::default(),
+        first: Mutex::new(None),
         last: Mutex::new(None),
+        parked_since,
     });
-    let range = Arc::new(Range::new(Edge::Time(since), Edge::Time(now)));
+    let range = Arc::new(Range::open_ended(Edge::Time(since)));
     eprintln!(
         "redrive of {} from dead_letter_stream {}{}: dead letters put since {}{}",
         sub.name,
@@ -260,12 +309,24 @@ pub async fn redrive(
                 &[("subscription", derived.as_str()), ("outcome", "ack")],
             )
             .get();
-        let last = envelopes
-            .last
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        lines.push(release(&*store, &sub.name, key, acked, redriven, last).await);
+        let seen = Seen {
+            acked,
+            redriven,
+            gone: counts.gone.load(Ordering::Relaxed),
+            first: envelopes
+                .first
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            last: envelopes
+                .last
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        };
+        let store = store.as_deref().expect("opened for --key");
+        let (first, records) = parked_first.expect("a parked key");
+        lines.push(release(store, &sub.name, key, &seen, &first, records).await);
     }
     if !finished {
         lines.push("interrupted: run the same command again to go on where it stopped".into());
@@ -273,26 +334,53 @@ pub async fn redrive(
     Ok(RedriveReport { finished, lines })
 }
 
-/// Releases `key` after its redrive (module docs, "Releasing"): a line
+/// What a key's redrive saw.
+struct Seen {
+    acked: u64,
+    redriven: u64,
+    gone: u64,
+    first: Option<Source>,
+    last: Option<Source>,
+}
+
+/// Releases `key` after its redrive (module docs, "Releasing"), parked
+/// from `first` with `records` records when the redrive began: a line
 /// saying what happened.
 async fn release(
     store: &dyn LeaseStore,
     subscription: &SubscriptionName,
     key: &PartitionKey,
-    acked: u64,
-    redriven: u64,
-    last: Option<Source>,
+    seen: &Seen,
+    first: &Source,
+    records: u64,
 ) -> String {
+    let Seen {
+        acked,
+        redriven,
+        gone,
+        ..
+    } = *seen;
+    if gone > 0 {
+        return format!(
+            "key {key} stays parked: {gone} of its parked records are gone from their stream (see the log)"
+        );
+    }
     if acked < redriven {
         return format!(
             "key {key} stays parked: {} of its {redriven} records were not acked",
             redriven - acked
         );
     }
-    let Some(last) = last else {
+    if seen.first.as_ref() != Some(first) || redriven < records {
         return format!(
-            "key {key} stays parked: none of its parked records was found on the dead-letter stream (past its retention, or before --since)"
+            "key {key} stays parked: {redriven} of its {records} parked records were found on the dead-letter stream, the first {} (the first parked is {first}): past the stream's retention, or before --since",
+            seen.first
+                .as_ref()
+                .map_or("none".to_owned(), ToString::to_string)
         );
+    }
+    let Some(last) = seen.last.clone() else {
+        return format!("key {key} stays parked: none of its parked records was found");
     };
     for _ in 0..RELEASE_TRIES {
         let current: ParkedKeys = match read_typed(store, subscription, DocKind::Parked).await {
@@ -344,8 +432,12 @@ struct Envelopes {
     key: Option<PartitionKey>,
     kinesis: Kinesis,
     counts: Counts,
-    /// The latest parked record handed out (`--key`).
+    /// The first and the latest parked record handed out (`--key`).
+    first: Mutex<Option<Source>>,
     last: Mutex<Option<Source>>,
+    /// `--key`: when the key was parked; envelopes put before belong to an
+    /// earlier parking, redriven then.
+    parked_since: Option<u64>,
 }
 
 /// A dead letter, as `crate::failure` writes it.
@@ -353,6 +445,8 @@ struct Envelopes {
 struct Envelope {
     reason: String,
     subscription: String,
+    #[serde(default)]
+    failed_at: u64,
     source: EnvelopeSource,
     #[serde(default)]
     data_omitted: bool,
@@ -372,13 +466,23 @@ struct EnvelopeSource {
 impl Envelopes {
     /// Whether this redrive hands `envelope`'s record out (module docs).
     fn selects(&self, envelope: &Envelope) -> bool {
-        if envelope.subscription != self.subscription.as_str() {
+        // The subscription's own, and those its replays and redrives put
+        // (`<subscription>~…`).
+        let ours = envelope.subscription == self.subscription.as_str()
+            || envelope
+                .subscription
+                .strip_prefix(self.subscription.as_str())
+                .is_some_and(|rest| rest.starts_with('~'));
+        if !ours {
             self.counts.other.fetch_add(1, Ordering::Relaxed);
             return false;
         }
         let parked = envelope.reason == "quarantined";
+        let earlier = self
+            .parked_since
+            .is_some_and(|since| envelope.failed_at < since);
         match &self.key {
-            Some(key) if !parked || envelope.source.partition_key != key.as_str() => {
+            Some(key) if !parked || earlier || envelope.source.partition_key != key.as_str() => {
                 self.counts.other.fetch_add(1, Ordering::Relaxed);
                 false
             }
@@ -395,11 +499,20 @@ impl Envelopes {
     /// when the envelope left it out; `None` when it is gone.
     async fn record(&self, envelope: Envelope, dead_letter: &Record) -> Option<Record> {
         let source = envelope.source;
-        let sequence = SequenceNumber::parse(&source.sequence_number).ok()?;
+        let Ok(sequence) = SequenceNumber::parse(&source.sequence_number) else {
+            self.unreadable(dead_letter, "its source sequence number is not one");
+            return None;
+        };
         let stream = StreamName::new(source.stream.as_str());
         let shard = ShardId::new(source.shard_id.as_str());
         let data = match (envelope.data_omitted, envelope.data_base64) {
-            (false, Some(b64)) => aws_smithy_types::base64::decode(&b64).ok()?,
+            (false, Some(b64)) => match aws_smithy_types::base64::decode(&b64) {
+                Ok(data) => data,
+                Err(_) => {
+                    self.unreadable(dead_letter, "its data_base64 is not base64");
+                    return None;
+                }
+            },
             _ => match self
                 .read_back(&stream, &shard, &sequence, source.sub_sequence_number)
                 .await
@@ -427,8 +540,16 @@ impl Envelopes {
         })
     }
 
+    /// Counts and logs a dead letter that is not a readable envelope.
+    fn unreadable(&self, dead_letter: &Record, why: &str) {
+        self.counts.unreadable.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(subscription = %self.subscription, dead_letter_shard = %dead_letter.shard, dead_letter_sequence = %dead_letter.sequence, why, "not a dead-letter envelope; left alone");
+    }
+
     /// A record's data read back from its stream (AT_SEQUENCE_NUMBER),
-    /// the user record's within a KPL aggregate.
+    /// the user record's within a KPL aggregate: a failed call is tried
+    /// again with backoff, and empty pages are followed a few times,
+    /// before the record is taken for gone.
     async fn read_back(
         &self,
         stream: &StreamName,
@@ -436,27 +557,62 @@ impl Envelopes {
         sequence: &SequenceNumber,
         sub: Option<u32>,
     ) -> Result<Vec<u8>, String> {
-        let iterator = self
-            .kinesis
-            .open_iterator(stream, shard, &ReadFrom::At(sequence.clone()))
-            .await
-            .map_err(|e| e.to_string())?;
-        let page = self
-            .kinesis
-            .get_records(&iterator, 1)
-            .await
-            .map_err(|e| e.to_string())?;
-        let found = page
-            .records
-            .into_iter()
-            .find(|r| &r.sequence == sequence)
-            .ok_or("the stream no longer holds it (past its retention)")?;
+        let mut backoff = crate::backoff::Backoff::new(
+            std::time::Duration::from_millis(200),
+            std::time::Duration::from_secs(5),
+        );
+        let mut last = String::new();
+        for _ in 0..READ_BACK_TRIES {
+            match self.read_back_once(stream, shard, sequence, sub).await {
+                Ok(Some(data)) => return Ok(data),
+                Ok(None) => return Err("the stream no longer holds it (past its retention)".into()),
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(backoff.next_wait()).await;
+        }
+        Err(last)
+    }
+
+    /// One try of [`Envelopes::read_back`]: `None` when the stream does
+    /// not hold the record.
+    async fn read_back_once(
+        &self,
+        stream: &StreamName,
+        shard: &ShardId,
+        sequence: &SequenceNumber,
+        sub: Option<u32>,
+    ) -> Result<Option<Vec<u8>>, String> {
+        let mut iterator = Some(
+            self.kinesis
+                .open_iterator(stream, shard, &ReadFrom::At(sequence.clone()))
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+        let mut found = None;
+        for _ in 0..READ_BACK_PAGES {
+            let Some(current) = iterator.take() else {
+                break;
+            };
+            let page = self
+                .kinesis
+                .get_records(&current, 1)
+                .await
+                .map_err(|e| e.to_string())?;
+            if let Some(first) = page.records.into_iter().next() {
+                found = (&first.sequence == sequence).then_some(first);
+                break;
+            }
+            iterator = page.next_iterator;
+        }
+        let Some(found) = found else {
+            return Ok(None);
+        };
         match (sub, crate::kpl::unpack(&found.data)) {
-            (None, _) => Ok(found.data),
+            (None, _) => Ok(Some(found.data)),
             (Some(i), crate::kpl::Unpacked::Aggregate(records)) => records
                 .into_iter()
                 .nth(i as usize)
-                .map(|r| r.data)
+                .map(|r| Some(r.data))
                 .ok_or_else(|| format!("its aggregate holds no user record {i}")),
             (Some(i), _) => Err(format!("user record {i} of a record that is no aggregate")),
         }
@@ -487,6 +643,10 @@ impl Decode for Envelopes {
             if let Some(record) = self.record(envelope, &dead_letter).await {
                 self.counts.redriven.fetch_add(1, Ordering::Relaxed);
                 if self.key.is_some() {
+                    self.first
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert_with(|| parked.clone());
                     *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(parked);
                 }
                 out.push((record, position));

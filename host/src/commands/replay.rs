@@ -68,7 +68,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::subscription;
 use crate::clock::now_ms;
-use crate::config::{Config, LeaseBackend, ReadMode, StartPosition, SubscriptionConfig};
+use crate::config::{Config, LeaseBackend, OnFailure, ReadMode, StartPosition, SubscriptionConfig};
 use crate::ids::{OwnerId, PluginDigest, SequenceNumber, ShardId, StreamName, SubscriptionName};
 use crate::kinesis::{Kinesis, KinesisError, ShardInfo};
 use crate::lease::LeaseStore;
@@ -192,10 +192,7 @@ pub async fn replay(
 ) -> anyhow::Result<ReplayReport> {
     let sub = subscription(config, &options.subscription)?;
     let reads_per_second = options.reads_per_second.unwrap_or(DEFAULT_READS_PER_SECOND);
-    anyhow::ensure!(
-        reads_per_second > 0.0 && reads_per_second <= 5.0,
-        "--reads-per-second {reads_per_second}: out of range, above 0 and at most 5 (Kinesis's limit per shard)"
-    );
+    check_reads_per_second(reads_per_second)?;
     if let Some(name) = &options.name {
         check_name(name)?;
     }
@@ -320,6 +317,11 @@ pub(super) fn bounded_subscription(
     bounded.start = StartPosition::TrimHorizon;
     bounded.max_reads_per_second = reads_per_second;
     bounded.checkpoint_every = CHECKPOINT_EVERY;
+    // A bounded run parks no key: its dead letters go to the stream, where
+    // `redrive` finds them (their `subscription` is the run's name).
+    if let OnFailure::Quarantine(stream) = &bounded.failure.on_failure {
+        bounded.failure.on_failure = OnFailure::DeadLetter(stream.clone());
+    }
     bounded
 }
 
@@ -410,8 +412,18 @@ pub(super) async fn run_bounded(
     ))
 }
 
+/// `--reads-per-second`: from 0.01 (as the config's `max_reads_per_second`)
+/// to 5 (Kinesis's limit per shard).
+pub(super) fn check_reads_per_second(reads: f64) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (0.01..=5.0).contains(&reads),
+        "--reads-per-second {reads}: out of range, 0.01 to 5 (Kinesis's limit per shard)"
+    );
+    Ok(())
+}
+
 /// A replay's name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
-fn check_name(name: &str) -> anyhow::Result<()> {
+pub(super) fn check_name(name: &str) -> anyhow::Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name
@@ -766,7 +778,7 @@ async fn watch(
         view.draw(range);
         if checked.elapsed() >= DONE_EVERY {
             checked = tokio::time::Instant::now();
-            if all_ended(store, kinesis, sub).await {
+            if all_ended(range, store, kinesis, sub).await {
                 view.finish(range);
                 return true;
             }
@@ -774,19 +786,27 @@ async fn watch(
     }
 }
 
-/// Whether every shard of the stream has the replay's `SHARD_END`
-/// checkpoint. False when it cannot tell (a failed call is tried again).
-async fn all_ended(store: &dyn LeaseStore, kinesis: &Kinesis, sub: &SubscriptionConfig) -> bool {
+/// Whether every shard of the stream is done: its range read in this run,
+/// or a `SHARD_END` checkpoint from this run or an earlier one. False when
+/// it cannot tell (a failed call is tried again).
+async fn all_ended(
+    range: &Range,
+    store: &dyn LeaseStore,
+    kinesis: &Kinesis,
+    sub: &SubscriptionConfig,
+) -> bool {
     let (Ok(shards), Ok(leases)) = (
         kinesis.list_shards(&sub.stream).await,
         store.list(&sub.name, &sub.stream).await,
     ) else {
         return false;
     };
+    let progress = range.progress();
     let ended: BTreeSet<&ShardId> = leases
         .iter()
         .filter(|l| l.checkpoint == Some(Checkpoint::ShardEnd))
         .map(|l| &l.key.shard)
+        .chain(progress.iter().filter(|(_, p)| p.done).map(|(s, _)| s))
         .collect();
     shards.iter().all(|s| ended.contains(&s.id))
 }

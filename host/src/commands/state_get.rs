@@ -34,7 +34,10 @@ pub async fn state_get(
     );
     let store = match replay {
         None => open_store(config).await?,
-        Some(name) => super::replay::progress_store(config, None, name, false).await?,
+        Some(name) => {
+            super::replay::check_name(name)?;
+            super::replay::progress_store(config, None, name, false).await?
+        }
     };
     let name = SubscriptionName::new(subscription);
     let mut out = Vec::with_capacity(keys.len());

@@ -29,9 +29,14 @@
 //!   checkpoint passed it; the next owner reads the store when its reader
 //!   starts the shard, before handing out a record. A split's children
 //!   start only after their parent ended, so after the parent's parks.
-//! - **A release** (`shardlane redrive --key`) lands only if no record was
-//!   parked since the last one the redrive handled (the document's `last`),
-//!   so no parked record is left behind. An instance that still thinks the
+//! - **A release** (`shardlane redrive --key`) lands only if the redrive
+//!   handled the key's parked records from the document's `first` on, at
+//!   least as many as it counts, and no record was parked since the last
+//!   one it handled (the document's `last`), so no parked record is left
+//!   behind.
+//! - **Concurrent reads**: the in-memory set keeps the revision it came
+//!   from and never takes an older one, so a refresh that raced a park
+//!   cannot undo it. An instance that still thinks the
 //!   key parked learns otherwise at its next record of the key: counting
 //!   that record in the store finds the key gone, and the record is handled.
 //!
@@ -41,8 +46,9 @@
 //! batch were handled in that batch, and every later batch's are parked.
 //!
 //! # Bounds
-//! At most `quarantine.max_keys` keys (default 100) are parked at once,
-//! and each holds at most `quarantine.max_records` (default 100,000). Past
+//! At most `quarantine.max_keys` keys (default 100, at most 300: the
+//! document is one DynamoDB item) are parked at once, and each holds at
+//! most `quarantine.max_records` (default 100,000). Past
 //! them nothing is dropped and no order is broken: a record that would
 //! park a key past `max_keys` blocks its lane as `on_failure = "block"`
 //! does (retried, logged), and a later record of a key at `max_records`
@@ -65,7 +71,7 @@ use crate::clock::now_ms;
 use crate::ids::{PartitionKey, ShardId, StreamName, SubscriptionName};
 use crate::kinesis::KinesisError;
 use crate::lease::{DocKind, LeaseError, LeaseStore, read_typed};
-use crate::logging::{MAX_GUEST_TEXT, capped};
+use crate::logging::capped;
 use crate::parked::{ParkLimits, ParkRefused, ParkedKeys, Source};
 use crate::reader::BeforeRead;
 use crate::telemetry::{Counter, Gauge, SubscriptionStatus, Telemetry};
@@ -76,6 +82,12 @@ const WRITE_TRIES: u32 = 8;
 
 /// Parked keys the status page lists.
 const SHOWN: usize = 20;
+
+/// Bytes of the parking failure kept in the lease store (the whole of it,
+/// up to 8 KiB, is in the first envelope's `cause`): at `max_keys` = 300
+/// keys of 256-byte partition keys the document stays well under
+/// DynamoDB's 400 KB item.
+const REASON_KEPT: usize = 128;
 
 /// What parking a record did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +119,8 @@ pub(crate) struct Quarantine {
     sink: Arc<dyn DeadLetterSink>,
     limits: ParkLimits,
     owner: String,
-    parked: RwLock<HashSet<PartitionKey>>,
+    /// The parked keys, with the revision of the document they came from.
+    parked: RwLock<(u64, HashSet<PartitionKey>)>,
     /// Whether any key is parked: the one check a record pays otherwise.
     any: AtomicBool,
     keys: Gauge,
@@ -144,7 +157,7 @@ impl Quarantine {
             sink,
             limits,
             owner,
-            parked: RwLock::new(HashSet::new()),
+            parked: RwLock::new((0, HashSet::new())),
             any: AtomicBool::new(false),
             status,
         }
@@ -167,6 +180,7 @@ impl Quarantine {
                 .parked
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
+                .1
                 .contains(key)
     }
 
@@ -180,7 +194,13 @@ impl Quarantine {
         Ok(())
     }
 
+    /// Takes `doc` as the parked keys, unless a newer revision is held
+    /// already: a read that raced a park must not undo it.
     fn remember(&self, doc: &ParkedKeys) {
+        let mut held = self.parked.write().unwrap_or_else(|e| e.into_inner());
+        if doc.revision < held.0 {
+            return;
+        }
         let keys: HashSet<PartitionKey> = doc
             .keys
             .keys()
@@ -190,7 +210,7 @@ impl Quarantine {
         self.keys.set(keys.len() as u64);
         self.status
             .set_parked(keys.len(), doc.keys.keys().take(SHOWN).cloned().collect());
-        *self.parked.write().unwrap_or_else(|e| e.into_inner()) = keys;
+        *held = (doc.revision, keys);
     }
 
     /// Parks `record` (module docs, "Protocol"): the record that gave up
@@ -221,7 +241,7 @@ impl Quarantine {
                 current.park(
                     key,
                     source.clone(),
-                    &capped(failure.reason, MAX_GUEST_TEXT),
+                    &capped(failure.reason, REASON_KEPT),
                     &self.owner,
                     now_ms(),
                     self.limits,
@@ -293,5 +313,77 @@ impl BeforeRead for Quarantine {
             tracing::warn!(subscription = %self.subscription, shard_id = %shard, error = %e, ?wait, "cannot read the parked keys; the shard waits");
             tokio::time::sleep(wait).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::memory::MemoryLeaseStore;
+    use crate::parked::ParkLimits;
+
+    struct Nowhere(StreamName);
+
+    #[async_trait]
+    impl DeadLetterSink for Nowhere {
+        fn stream(&self) -> &StreamName {
+            &self.0
+        }
+
+        async fn put(
+            &self,
+            _: &Record,
+            _: LastFailure<'_>,
+        ) -> Result<super::super::Put, KinesisError> {
+            Ok(super::super::Put {
+                sequence: "1".into(),
+                data_omitted: false,
+            })
+        }
+    }
+
+    /// Catches: a read of the parked keys that raced a park (begun before
+    /// it, answered after) undoing it in memory, so the key's next record
+    /// would be handled before its parked one.
+    #[tokio::test]
+    async fn an_older_read_never_undoes_a_newer_park() {
+        let telemetry = Telemetry::new();
+        let q = Quarantine::new(
+            "s".into(),
+            Arc::new(MemoryLeaseStore::new()),
+            Arc::new(Nowhere("dlq".into())),
+            ParkLimits {
+                max_keys: 10,
+                max_records: 10,
+            },
+            "me".into(),
+            &telemetry,
+            Arc::new(SubscriptionStatus::default()),
+        );
+        let stale = ParkedKeys::default();
+        let record = Record {
+            stream: "orders".into(),
+            shard: "shardId-000000000000".into(),
+            partition_key: PartitionKey::new("k"),
+            sequence: crate::ids::SequenceNumber::parse("1000").unwrap(),
+            sub_sequence: None,
+            arrival_ms: 0,
+            data: Vec::new(),
+        };
+        let failure = LastFailure {
+            reason: "trap",
+            attempts: 3,
+            version: None,
+            cause: None,
+        };
+        assert_eq!(
+            q.park(&record, failure, true).await.unwrap(),
+            Parking::Parked
+        );
+        assert!(q.is_parked(&PartitionKey::new("k")));
+        q.remember(&stale);
+        assert!(q.is_parked(&PartitionKey::new("k")), "revision 0 is older");
+        q.refresh().await.unwrap();
+        assert!(q.is_parked(&PartitionKey::new("k")));
     }
 }

@@ -62,7 +62,9 @@ pub(crate) struct ShardProgress {
 #[derive(Debug)]
 pub(crate) struct Range {
     from: Edge,
-    to: Edge,
+    /// `None`: to each shard's tip, keeping an open shard's place there
+    /// (see [`Range::open_ended`]).
+    to: Option<Edge>,
     progress: Mutex<BTreeMap<ShardId, ShardProgress>>,
 }
 
@@ -71,15 +73,39 @@ impl Range {
     pub(crate) fn new(from: Edge, to: Edge) -> Self {
         Self {
             from,
-            to,
+            to: Some(to),
             progress: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The records from `from` to each shard's tip, read again and again by
+    /// runs under one name (a redrive): an open shard's reading stops at
+    /// its tip with an ordinary checkpoint there, never `SHARD_END`, so
+    /// the next run goes on from it; only a closed shard's true end is one.
+    pub(crate) fn open_ended(from: Edge) -> Self {
+        Self {
+            from,
+            to: None,
+            progress: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Whether an open shard keeps its place at the tip (an open-ended
+    /// range) rather than ending there.
+    pub(crate) fn keeps_place_at_tip(&self) -> bool {
+        self.to.is_none()
     }
 
     /// Where a shard's reading starts (module docs): `from` as the keeper
     /// gave it when the shard has a checkpoint, the range's start
     /// otherwise; `None` for a shard outside the range.
     pub(crate) fn first_read(&self, shard: &ShardId, from: ReadFrom) -> Option<ReadFrom> {
+        // An end in sequence numbers names every shard it reads to.
+        if let Some(Edge::Sequences(ends)) = &self.to
+            && !ends.contains_key(shard)
+        {
+            return None;
+        }
         let start = match &self.from {
             Edge::Sequences(starts) => ReadFrom::At(starts.get(shard)?.clone()),
             Edge::Time(ms) => ReadFrom::Start(StartPosition::AtTimestamp(
@@ -96,8 +122,9 @@ impl Range {
     /// on; true when there was one (the shard's part of the range is read).
     pub(crate) fn cut(&self, shard: &ShardId, page: &mut Vec<Fetched>) -> bool {
         let past = |f: &Fetched| match &self.to {
-            Edge::Time(ms) => f.arrival_ms > *ms,
-            Edge::Sequences(ends) => ends.get(shard).is_some_and(|end| &f.sequence > end),
+            None => false,
+            Some(Edge::Time(ms)) => f.arrival_ms > *ms,
+            Some(Edge::Sequences(ends)) => ends.get(shard).is_some_and(|end| &f.sequence > end),
         };
         match page.iter().position(past) {
             Some(first) => {
@@ -145,7 +172,7 @@ impl Range {
         if p.done {
             return Some(1.0);
         }
-        let (Edge::Time(from), Edge::Time(to)) = (&self.from, &self.to) else {
+        let (Edge::Time(from), Some(Edge::Time(to))) = (&self.from, &self.to) else {
             return None;
         };
         if p.last_arrival_ms == 0 || to <= from {
@@ -242,12 +269,18 @@ mod tests {
         let mut page = vec![fetched(1, 1), fetched(2, 2), fetched(3, 3)];
         assert!(by_sequence.cut(&shard(1), &mut page));
         assert_eq!(page.len(), 2);
-        let mut other = vec![fetched(1, 1), fetched(3, 3)];
-        assert!(
-            !by_sequence.cut(&shard(0), &mut other),
-            "a shard without an end runs to its tip"
+        assert_eq!(
+            by_sequence.first_read(&shard(0), ReadFrom::Start(StartPosition::Latest)),
+            None,
+            "a shard an end in sequence numbers does not name is not read"
         );
-        assert_eq!(other.len(), 2);
+        let open = Range::open_ended(Edge::Time(0));
+        let mut all = vec![fetched(1, 1), fetched(3, u64::MAX)];
+        assert!(
+            !open.cut(&shard(0), &mut all),
+            "an open-ended range never cuts"
+        );
+        assert!(open.keeps_place_at_tip() && !by_sequence.keeps_place_at_tip());
     }
 
     #[test]

@@ -55,7 +55,11 @@ impl Capture {
         for (stream, Captured { count, samples }) in outputs.iter() {
             lines.push(format!("dry run: {count} outputs for {stream} (not put)"));
             for (key, data) in samples {
-                lines.push(format!("  {key}: {}", String::from_utf8_lossy(data)));
+                lines.push(format!(
+                    "  {}: {}",
+                    key.as_str().escape_debug(),
+                    String::from_utf8_lossy(data).escape_debug()
+                ));
             }
         }
         let (dead, samples) = &*self.dead_letters.lock().unwrap_or_else(|e| e.into_inner());
@@ -115,7 +119,10 @@ impl DeadLetterSink for Capture {
         if dead.1.len() < SAMPLES {
             dead.1.push(format!(
                 "{} {} {}: {}",
-                record.shard, record.sequence, record.partition_key, failure.reason
+                record.shard,
+                record.sequence,
+                record.partition_key.as_str().escape_debug(),
+                failure.reason.escape_debug()
             ));
         }
         Ok(Put {

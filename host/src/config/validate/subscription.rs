@@ -366,11 +366,11 @@ impl Subscription<'_, '_> {
         }
         if let Some(keys) = raw.max_keys {
             limits.max_keys = match usize::try_from(keys) {
-                Ok(n @ 1..=1_000) => n,
+                Ok(n @ 1..=300) => n,
                 _ => {
                     return Err(self.invalid(
                         "quarantine.max_keys",
-                        format!("{keys} is out of range: 1 to 1000"),
+                        format!("{keys} is out of range: 1 to 300"),
                     ));
                 }
             };

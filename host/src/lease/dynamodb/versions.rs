@@ -8,7 +8,7 @@
 //! | `lease_group` | S | `<subscription>#!versions`, `<subscription>#!parked` |
 //! | `shard_id` | S | `-` |
 //! | `revision` | N | the value's revision: every write is conditional on it |
-//! | `doc` | S | the value, as JSON (the versions keep at most [`HISTORY_KEPT`] history entries, the parked keys at most `quarantine_max_keys`: well under the 400 KB an item holds) |
+//! | `doc` | S | the value, as JSON (the versions keep at most [`HISTORY_KEPT`] history entries, the parked keys at most 300 keys of a few hundred bytes each: well under the 400 KB an item holds) |
 //!
 //! A write is a PutItem conditional on the item's absence (revision 1) or
 //! on `revision` being the one the new value was made from; a failed
