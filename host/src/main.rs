@@ -634,7 +634,7 @@ fn quarantine_list(config_path: PathBuf, subscription: &str) -> anyhow::Result<(
         let since = std::time::UNIX_EPOCH + std::time::Duration::from_millis(p.since_ms);
         println!(
             "{:<24}  {:<20}  {:>8}  {:<32}  {:<24}  {}",
-            key,
+            key.escape_debug().to_string(),
             humantime::format_rfc3339_seconds(since).to_string(),
             p.records,
             p.first.to_string(),

@@ -628,20 +628,15 @@ async fn a_poison_key_is_parked_while_the_other_keys_flow_and_stays_parked_acros
     // A redrive of the key through a fixed version brings its records back
     // in order and releases it; the service then handles its next record.
     let echo = guests.echo.to_str().unwrap();
-    let (redrive, status) = run_cli(
-        "redrive",
-        &config,
-        &[
-            "--subscription",
-            "fleet",
-            "--key",
-            "key-0",
-            "--plugin",
-            echo,
-        ],
-        &env,
-    )
-    .await;
+    let redrive_key = [
+        "--subscription",
+        "fleet",
+        "--key",
+        "key-0",
+        "--plugin",
+        echo,
+    ];
+    let (redrive, status) = run_cli("redrive", &config, &redrive_key, &env).await;
     assert!(
         status.success(),
         "{}\n{}",
@@ -676,20 +671,7 @@ async fn a_poison_key_is_parked_while_the_other_keys_flow_and_stays_parked_acros
         })
         .await
         .unwrap();
-    let (twice, status) = run_cli(
-        "redrive",
-        &config,
-        &[
-            "--subscription",
-            "fleet",
-            "--key",
-            "key-0",
-            "--plugin",
-            echo,
-        ],
-        &env,
-    )
-    .await;
+    let (twice, status) = run_cli("redrive", &config, &redrive_key, &env).await;
     assert!(!status.success());
     assert!(
         twice
