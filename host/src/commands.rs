@@ -5,6 +5,8 @@
 //! - `state_get`: `shardlane state get`, the committed state of some keys.
 //! - `import_kcl`: `shardlane import-kcl`, a KCL application's checkpoints
 //!   moved into a subscription's lease store.
+//! - `bounded`: what `replay` and `redrive` share: a bounded run of a
+//!   subscription, its progress and summary.
 //! - `deregister`: `shardlane deregister-consumer`, a fan-out consumer
 //!   removed from its stream.
 //! - `versions`: `shardlane deploy`, `versions`, `promote`, `rollback`:
@@ -22,6 +24,7 @@
 //! Floor 12 (commands) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor and those below.
 
+mod bounded;
 mod deregister;
 mod import_kcl;
 mod quarantine;

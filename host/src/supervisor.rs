@@ -452,7 +452,11 @@ const REACH_KINESIS_FOR: std::time::Duration = std::time::Duration::from_secs(30
 /// Fails when the stream does not exist, naming the config key; an
 /// unreachable endpoint is retried with backoff for [`REACH_KINESIS_FOR`],
 /// then fails with the last error.
-async fn check_stream(kinesis: &Kinesis, stream: &StreamName, key: &str) -> anyhow::Result<()> {
+pub(crate) async fn check_stream(
+    kinesis: &Kinesis,
+    stream: &StreamName,
+    key: &str,
+) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + REACH_KINESIS_FOR;
     let mut backoff = crate::backoff::Backoff::new(
         std::time::Duration::from_millis(200),

@@ -62,21 +62,21 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{Context as _, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
-use sha2::{Digest as _, Sha256};
 
-use super::replay::{
-    Bounded, Capture, bounded_subscription, check_reads_per_second, compile, describe, parse_edge,
-    progress_store, read_plugin, run_bounded, running_bytes,
+use super::bounded::{
+    Bounded, Capture, bounded_subscription, check_reads_per_second, compile, progress_store,
+    retention_of, run_bounded, short_hash, version_to_run,
 };
+use super::replay::{describe, parse_edge};
 use super::subscription;
 use crate::channel::Record;
 use crate::clock::now_ms;
 use crate::config::{Config, DispatchMode, LeaseBackend};
 use crate::ids::{PartitionKey, Position, SequenceNumber, ShardId, StreamName, SubscriptionName};
-use crate::kinesis::{Kinesis, KinesisError, ReadFrom};
+use crate::kinesis::{Kinesis, ReadFrom};
 use crate::lease::{DocKind, LeaseStore, read_typed};
 use crate::parked::{ParkedKeys, ReleaseRefused, Source};
 use crate::reader::Decode;
@@ -147,12 +147,7 @@ pub async fn redrive(
     let reads_per_second = options.reads_per_second.unwrap_or(5.0);
     check_reads_per_second(reads_per_second)?;
     let kinesis = Kinesis::connect(&config.aws).await;
-    let retention = kinesis.retention(&dlq).await.map_err(|e| match e {
-        KinesisError::NotFound(_) => {
-            anyhow!("dead_letter_stream {:?} does not exist", dlq.as_str())
-        }
-        e => anyhow!("cannot describe dead_letter_stream {:?}: {e}", dlq.as_str()),
-    })?;
+    let retention = retention_of(&kinesis, &dlq, "dead_letter_stream").await?;
     let now = now_ms();
     let since = match &options.since {
         None => now.saturating_sub(retention.as_millis() as u64),
@@ -211,20 +206,11 @@ pub async fn redrive(
     let telemetry = Telemetry::new();
     let plugins = plugin_host(config, Some(telemetry.clone()))?;
     let live = store.clone().filter(|_| dynamodb);
-    let (bytes, path) = match options.plugin.as_deref() {
-        Some(path) => (read_plugin(path, "--plugin")?, path),
-        None => (
-            running_bytes(config, sub, live.as_deref()).await?,
-            sub.plugin.as_path(),
-        ),
-    };
+    let (bytes, path) =
+        version_to_run(config, sub, options.plugin.as_deref(), live.as_deref()).await?;
     let name = match &key {
         None => "redrive".to_owned(),
-        Some(key) => {
-            let hash = Sha256::digest(key.as_str().as_bytes());
-            let hex: String = hash.iter().take(4).map(|b| format!("{b:02x}")).collect();
-            format!("redrive-{hex}")
-        }
+        Some(key) => format!("redrive-{}", short_hash(key.as_str())),
     };
     let derived = SubscriptionName::new(format!(
         "{}~{}",

@@ -57,30 +57,25 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::io::IsTerminal as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{Context as _, anyhow, bail};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha256};
 
+use super::bounded::{
+    Bounded, Capture, bounded_subscription, check_reads_per_second, check_streams, compile,
+    progress_store, retention_of, run_bounded, short_hash, version_to_run,
+};
 use super::subscription;
 use crate::clock::now_ms;
-use crate::config::{Config, LeaseBackend, OnFailure, ReadMode, StartPosition, SubscriptionConfig};
-use crate::ids::{OwnerId, PluginDigest, SequenceNumber, ShardId, StreamName, SubscriptionName};
-use crate::kinesis::{Kinesis, KinesisError, ShardInfo};
+use crate::config::{Config, LeaseBackend};
+use crate::ids::{PluginDigest, SequenceNumber, ShardId, StreamName, SubscriptionName};
+use crate::kinesis::{Kinesis, ShardInfo};
 use crate::lease::LeaseStore;
-use crate::lease::file::FileLeaseStore;
-use crate::lease::memory::MemoryLeaseStore;
-use crate::pipeline::{Effects, Parts, Pipeline};
-use crate::plugin::{Plugin, PluginHost, World};
-use crate::progress::Checkpoint;
-use crate::reader::Decode;
 use crate::reader::range::{Edge, Range};
-use crate::supervisor::{hostname, open_artifacts, open_store, plugin_host};
-use crate::swap::PluginSlot;
+use crate::supervisor::{hostname, open_store, plugin_host};
 use crate::telemetry::Telemetry;
 use crate::versions::{Command, FleetVersions};
 
@@ -88,19 +83,6 @@ use crate::versions::{Command, FleetVersions};
 /// says otherwise: one of the five Kinesis allows, leaving the service
 /// four.
 pub const DEFAULT_READS_PER_SECOND: f64 = 1.0;
-
-/// How often a replay checkpoints (module docs, "Progress and resuming").
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
-
-/// How often the replay's keeper looks for shards to take: children start
-/// within this of their parents' end.
-const SHARD_SYNC_EVERY: Duration = Duration::from_secs(2);
-
-/// How often progress is drawn.
-const DRAW_EVERY: Duration = Duration::from_millis(250);
-
-/// How often the replay checks whether every shard ended.
-const DONE_EVERY: Duration = Duration::from_secs(1);
 
 /// What `shardlane replay` was asked.
 #[derive(Debug, Clone, Default)]
@@ -197,10 +179,7 @@ pub async fn replay(
         check_name(name)?;
     }
     let kinesis = Kinesis::connect(&config.aws).await;
-    let retention = kinesis.retention(&sub.stream).await.map_err(|e| match e {
-        KinesisError::NotFound(_) => anyhow!("stream {:?} does not exist", sub.stream.as_str()),
-        e => anyhow!("cannot describe stream {:?}: {e}", sub.stream.as_str()),
-    })?;
+    let retention = retention_of(&kinesis, &sub.stream, "stream").await?;
     let shards = kinesis
         .list_shards(&sub.stream)
         .await
@@ -228,13 +207,13 @@ pub async fn replay(
         LeaseBackend::DynamoDb { .. } => Some(open_store(config).await?),
         _ => None,
     };
-    let (bytes, path) = match options.plugin.as_deref() {
-        Some(path) => (read_plugin(path, "--plugin")?, path),
-        None => (
-            running_bytes(config, sub, live_store.as_deref()).await?,
-            sub.plugin.as_path(),
-        ),
-    };
+    let (bytes, path) = version_to_run(
+        config,
+        sub,
+        options.plugin.as_deref(),
+        live_store.as_deref(),
+    )
+    .await?;
     let digest = PluginDigest::of(&bytes);
     let name = match &options.name {
         Some(name) => name.clone(),
@@ -302,126 +281,6 @@ pub async fn replay(
     })
 }
 
-/// The subscription `sub` as a bounded run (a replay, a redrive) runs it
-/// under `name`: polling within `reads_per_second`, no canary, its own
-/// checkpoints every second (module docs).
-pub(super) fn bounded_subscription(
-    sub: &SubscriptionConfig,
-    name: &SubscriptionName,
-    reads_per_second: f64,
-) -> SubscriptionConfig {
-    let mut bounded = sub.clone();
-    bounded.name = name.clone();
-    bounded.read = ReadMode::Polling;
-    bounded.canary = None;
-    bounded.start = StartPosition::TrimHorizon;
-    bounded.max_reads_per_second = reads_per_second;
-    bounded.checkpoint_every = CHECKPOINT_EVERY;
-    // A bounded run parks no key: its dead letters go to the stream, where
-    // `redrive` finds them (their `subscription` is the run's name).
-    if let OnFailure::Quarantine(stream) = &bounded.failure.on_failure {
-        bounded.failure.on_failure = OnFailure::DeadLetter(stream.clone());
-    }
-    bounded
-}
-
-/// What one bounded run (a replay, a redrive) is made of.
-pub(super) struct Bounded<'a> {
-    pub config: &'a Config,
-    /// The subscription as it runs ([`bounded_subscription`]).
-    pub sub: Arc<SubscriptionConfig>,
-    pub plugins: PluginHost,
-    pub plugin: Plugin,
-    pub telemetry: Arc<Telemetry>,
-    pub kinesis: Kinesis,
-    /// Where its progress lives.
-    pub store: Arc<dyn LeaseStore>,
-    pub range: Arc<Range>,
-    /// A dry run's effects.
-    pub capture: Option<Arc<Capture>>,
-    pub decode: Option<Arc<dyn Decode>>,
-    /// Its name, for messages.
-    pub name: &'a str,
-}
-
-/// Runs a bounded pipeline until every shard of its stream ended, or
-/// `interrupt` (then it stops in order, resumable); returns whether it
-/// finished, and the summary.
-///
-/// # Errors
-/// When a pipeline task failed.
-pub(super) async fn run_bounded(
-    run: Bounded<'_>,
-    interrupt: impl Future<Output = ()>,
-) -> anyhow::Result<(bool, Vec<String>)> {
-    let Bounded {
-        config,
-        sub,
-        plugins,
-        plugin,
-        telemetry,
-        kinesis,
-        store,
-        range,
-        capture,
-        decode,
-        name,
-    } = run;
-    let mut lease = config.lease.clone();
-    lease.shard_sync_every = SHARD_SYNC_EVERY;
-    lease.max_leases_per_instance = None;
-    let status = telemetry.subscription(&sub.name, sub.mode());
-    let slot = Arc::new(PluginSlot::new(
-        plugins,
-        plugin,
-        sub.handler_timeout,
-        sub.sandbox.clone(),
-        status,
-        telemetry.clone(),
-    ));
-    let pipeline = Pipeline::start(Parts {
-        subscription: sub.clone(),
-        slot,
-        rollout: None,
-        kinesis: kinesis.clone(),
-        fan_out: None,
-        store: store.clone(),
-        lease,
-        owner: OwnerId::new(format!(
-            "{}@{}-{}",
-            sub.name,
-            hostname(),
-            std::process::id()
-        )),
-        telemetry: telemetry.clone(),
-        range: Some(range.clone()),
-        effects: capture.clone().map(|c| Effects {
-            outputs: c.clone(),
-            dead_letters: c,
-        }),
-        decode,
-    });
-    let finished = watch(&range, &*store, &kinesis, &sub, name, interrupt).await;
-    if !pipeline.shutdown().await {
-        bail!("{name}: a pipeline task failed (see the log); run it again to resume");
-    }
-    let shards: Vec<ShardId> = range.progress().into_keys().collect();
-    Ok((
-        finished,
-        summary(&telemetry, &sub, &shards, capture.as_deref()),
-    ))
-}
-
-/// `--reads-per-second`: from 0.01 (as the config's `max_reads_per_second`)
-/// to 5 (Kinesis's limit per shard).
-pub(super) fn check_reads_per_second(reads: f64) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        (0.01..=5.0).contains(&reads),
-        "--reads-per-second {reads}: out of range, 0.01 to 5 (Kinesis's limit per shard)"
-    );
-    Ok(())
-}
-
 /// A replay's name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
 pub(super) fn check_name(name: &str) -> anyhow::Result<()> {
     let ok = !name.is_empty()
@@ -439,10 +298,10 @@ pub(super) fn check_name(name: &str) -> anyhow::Result<()> {
 /// The name of a replay run without `--name`: its range, version and kind,
 /// hashed.
 fn default_name(from: &Edge, to: &Edge, digest: &PluginDigest, dry_run: bool) -> String {
-    let text = format!("{from:?}|{to:?}|{digest}|{dry_run}");
-    let hash = Sha256::digest(text.as_bytes());
-    let hex: String = hash.iter().take(4).map(|b| format!("{b:02x}")).collect();
-    format!("r-{hex}")
+    format!(
+        "r-{}",
+        short_hash(&format!("{from:?}|{to:?}|{digest}|{dry_run}"))
+    )
 }
 
 /// Parses one edge: `shard=sequence[,shard=sequence…]`, or a time: RFC
@@ -564,131 +423,9 @@ fn check_range(
     Ok(())
 }
 
-/// Every stream the replay puts to exists (its outputs, its dead-letter
-/// stream).
-async fn check_streams(kinesis: &Kinesis, sub: &SubscriptionConfig) -> anyhow::Result<()> {
-    let mut streams: Vec<(&str, &StreamName)> = sub
-        .sandbox
-        .grants
-        .outputs
-        .iter()
-        .map(|s| ("outputs", s))
-        .collect();
-    if let Some(dlq) = sub.failure.on_failure.dead_letter_stream() {
-        streams.push(("dead_letter_stream", dlq));
-    }
-    for (key, stream) in streams {
-        match kinesis.describe_stream(stream).await {
-            Ok(_) => {}
-            Err(KinesisError::NotFound(_)) => bail!("{key} {:?} does not exist", stream.as_str()),
-            Err(e) => bail!("cannot check {key} {:?}: {e}", stream.as_str()),
-        }
-    }
-    Ok(())
-}
-
-/// The version to replay through (module docs, "What runs"), compiled
-/// and checked against the subscription's batching.
-pub(super) fn compile(
-    plugins: &PluginHost,
-    sub: &SubscriptionConfig,
-    path: &Path,
-    bytes: &[u8],
-    name: &SubscriptionName,
-) -> anyhow::Result<Plugin> {
-    let plugin = plugins
-        .load_bytes(
-            path,
-            bytes,
-            name.clone(),
-            sub.handler_timeout,
-            sub.sandbox.clone(),
-        )
-        .with_context(|| format!("plugin {}", path.display()))?;
-    match (plugin.world(), sub.batch) {
-        (World::BatchHandler, None) => bail!(
-            "plugin {} implements batch-handler, but subscription {} has no batch_size",
-            path.display(),
-            sub.name
-        ),
-        (World::RecordHandler, Some(_)) => bail!(
-            "plugin {} implements record-handler, but subscription {} batches (batch_size)",
-            path.display(),
-            sub.name
-        ),
-        _ => {}
-    }
-    Ok(plugin)
-}
-
-pub(super) fn read_plugin(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
-    crate::files::read_regular(path, crate::files::MAX_PLUGIN_BYTES)
-        .with_context(|| format!("{what} {}", path.display()))
-}
-
-/// The bytes of the version the fleet runs: the stable version recorded in
-/// a DynamoDB lease store (the config's file when it holds it, else from
-/// `[artifacts]`), or the config's `plugin`.
-pub(super) async fn running_bytes(
-    config: &Config,
-    sub: &SubscriptionConfig,
-    live: Option<&dyn LeaseStore>,
-) -> anyhow::Result<Vec<u8>> {
-    let own = read_plugin(&sub.plugin, "plugin")?;
-    let Some(live) = live else {
-        return Ok(own);
-    };
-    let versions = live
-        .read_versions(&sub.name)
-        .await
-        .context("cannot read the fleet's versions")?;
-    let Some(stable) = versions.and_then(|v| v.stable) else {
-        return Ok(own);
-    };
-    if PluginDigest::of(&own) == stable {
-        return Ok(own);
-    }
-    let Some(artifacts) = open_artifacts(config).await else {
-        bail!(
-            "the fleet runs {stable}, which is not this config's plugin, and the config has no [artifacts] to fetch it from: give --plugin"
-        );
-    };
-    artifacts
-        .fetch(&stable)
-        .await
-        .with_context(|| format!("cannot fetch the fleet's version {stable}"))
-}
-
 /// Between a subscription's name and a replay's in the replay's
 /// subscription name.
 pub(super) const REPLAY_INFIX: &str = "~replay~";
-
-/// Where the replay `name` keeps its progress (module docs): the live
-/// store `live` when it is the DynamoDB one (opened when `None`).
-pub(super) async fn progress_store(
-    config: &Config,
-    live: Option<Arc<dyn LeaseStore>>,
-    name: &str,
-    dry_run: bool,
-) -> anyhow::Result<Arc<dyn LeaseStore>> {
-    if dry_run {
-        return Ok(Arc::new(MemoryLeaseStore::new()));
-    }
-    Ok(match (&config.lease.store, live) {
-        (LeaseBackend::DynamoDb { .. }, Some(live)) => live,
-        (LeaseBackend::DynamoDb { .. }, None) => open_store(config).await?,
-        (LeaseBackend::File { path }, _) => {
-            let path = PathBuf::from(format!("{}.replay-{name}", path.display()));
-            Arc::new(FileLeaseStore::open(&path)?)
-        }
-        _ => {
-            eprintln!(
-                "the memory lease store keeps this replay's progress in memory: it cannot resume once stopped"
-            );
-            Arc::new(MemoryLeaseStore::new())
-        }
-    })
-}
 
 /// Records the replay's range and version under its name, or checks them
 /// against what was recorded when it began; returns the range to read.
@@ -754,147 +491,5 @@ async fn record(
     Ok((from, to))
 }
 
-/// Shows progress until every shard ended (true) or `interrupt` (false).
-async fn watch(
-    range: &Range,
-    store: &dyn LeaseStore,
-    kinesis: &Kinesis,
-    sub: &SubscriptionConfig,
-    name: &str,
-    interrupt: impl Future<Output = ()>,
-) -> bool {
-    tokio::pin!(interrupt);
-    let mut view = View::new(std::io::stderr().is_terminal(), name);
-    let mut draw = tokio::time::interval(DRAW_EVERY);
-    let mut checked = tokio::time::Instant::now();
-    loop {
-        tokio::select! {
-            _ = &mut interrupt => {
-                view.finish(range);
-                return false;
-            }
-            _ = draw.tick() => {}
-        }
-        view.draw(range);
-        if checked.elapsed() >= DONE_EVERY {
-            checked = tokio::time::Instant::now();
-            if all_ended(range, store, kinesis, sub).await {
-                view.finish(range);
-                return true;
-            }
-        }
-    }
-}
-
-/// Whether every shard of the stream is done: its range read in this run,
-/// or a `SHARD_END` checkpoint from this run or an earlier one. False when
-/// it cannot tell (a failed call is tried again).
-async fn all_ended(
-    range: &Range,
-    store: &dyn LeaseStore,
-    kinesis: &Kinesis,
-    sub: &SubscriptionConfig,
-) -> bool {
-    let (Ok(shards), Ok(leases)) = (
-        kinesis.list_shards(&sub.stream).await,
-        store.list(&sub.name, &sub.stream).await,
-    ) else {
-        return false;
-    };
-    let progress = range.progress();
-    let ended: BTreeSet<&ShardId> = leases
-        .iter()
-        .filter(|l| l.checkpoint == Some(Checkpoint::ShardEnd))
-        .map(|l| &l.key.shard)
-        .chain(progress.iter().filter(|(_, p)| p.done).map(|(s, _)| s))
-        .collect();
-    shards.iter().all(|s| ended.contains(&s.id))
-}
-
-/// The summary: outcomes by kind, then what was put (or, in a dry run,
-/// captured).
-fn summary(
-    t: &Telemetry,
-    sub: &SubscriptionConfig,
-    shards: &[ShardId],
-    capture: Option<&Capture>,
-) -> Vec<String> {
-    let name = sub.name.as_str();
-    let outcome = |o: &str| {
-        t.counter(
-            "shardlane_records_total",
-            "Records handled, by the handler's outcome (retry counts each attempt).",
-            &[("subscription", name), ("outcome", o)],
-        )
-        .get()
-    };
-    let failure = |k: &str| {
-        t.counter(
-            "shardlane_call_failures_total",
-            "Handler calls that failed without an outcome, by kind.",
-            &[("subscription", name), ("kind", k)],
-        )
-        .get()
-    };
-    let count = |metric: &'static str, help: &'static str| {
-        t.counter(metric, help, &[("subscription", name)]).get()
-    };
-    let read: u64 = shards
-        .iter()
-        .map(|shard| {
-            t.counter(
-                "shardlane_records_read_total",
-                "Records read from the shard and handed to dispatch (each KPL user record counts).",
-                &[("subscription", name), ("shard_id", shard.as_str())],
-            )
-            .get()
-        })
-        .sum();
-    let mut lines = vec![
-        format!("records read: {read}"),
-        format!(
-            "outcomes: ack {}, reject {}, retry {}, trap {}, timeout {}, guest error {}",
-            outcome("ack"),
-            outcome("reject"),
-            outcome("retry"),
-            failure("trap"),
-            failure("timeout"),
-            failure("guest_error"),
-        ),
-        format!(
-            "given up: dead-lettered {}, skipped {}",
-            count(
-                "shardlane_dead_lettered_total",
-                "Records put to the dead-letter stream."
-            ),
-            count(
-                "shardlane_records_skipped_total",
-                "Records given up on and skipped."
-            ),
-        ),
-    ];
-    match capture {
-        None => {
-            for stream in &sub.sandbox.grants.outputs {
-                let put = t
-                    .counter(
-                        "shardlane_outputs_total",
-                        "Plugin outputs put to their stream (durably accepted by Kinesis).",
-                        &[("subscription", name), ("stream", stream.as_str())],
-                    )
-                    .get();
-                lines.push(format!("outputs put to {stream}: {put}"));
-            }
-        }
-        Some(capture) => lines.extend(capture.lines(t, name)),
-    }
-    lines
-}
-
-mod capture;
 #[cfg(test)]
 mod tests;
-mod view;
-
-pub(super) use capture::Capture;
-use view::View;

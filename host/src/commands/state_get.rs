@@ -36,7 +36,7 @@ pub async fn state_get(
         None => open_store(config).await?,
         Some(name) => {
             super::replay::check_name(name)?;
-            super::replay::progress_store(config, None, name, false).await?
+            super::bounded::progress_store(config, None, name, false).await?
         }
     };
     let name = SubscriptionName::new(subscription);
