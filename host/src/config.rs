@@ -93,9 +93,44 @@ pub struct Config {
     pub traces: Option<TracesConfig>,
     /// Metrics as CloudWatch EMF (`[metrics] emf`); `None`: not written.
     pub emf: Option<EmfConfig>,
-    /// Where plugin versions' bytes are kept for the fleet
-    /// (`[artifacts] location`); `None`: nowhere but this host.
-    pub artifacts: Option<ArtifactLocation>,
+    /// Where plugin versions' bytes are kept for the fleet, and how long
+    /// a call to that store may take (`[artifacts]`).
+    pub artifacts: ArtifactsConfig,
+}
+
+/// The `[artifacts]` table: the artifact store (`crate::artifacts`) and
+/// the bounds of every call to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArtifactsConfig {
+    /// `location`; `None`: no shared store (the lease store's own, if it
+    /// has one: see `crate::artifacts`).
+    pub location: Option<ArtifactLocation>,
+    /// How long a store call may take, by phase.
+    pub timeouts: ArtifactTimeouts,
+}
+
+/// Deadlines of one artifact-store call (`[artifacts] connect_timeout`,
+/// `first_byte_timeout`, `transfer_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArtifactTimeouts {
+    /// Establishing a connection.
+    pub connect: Duration,
+    /// From sending a request to the first byte of its answer (and, for
+    /// a body, between two reads of it).
+    pub first_byte: Duration,
+    /// The whole call: every byte stored or fetched, retries inside the
+    /// client included.
+    pub transfer: Duration,
+}
+
+impl Default for ArtifactTimeouts {
+    fn default() -> Self {
+        Self {
+            connect: defaults::ARTIFACT_CONNECT_TIMEOUT,
+            first_byte: defaults::ARTIFACT_FIRST_BYTE_TIMEOUT,
+            transfer: defaults::ARTIFACT_TRANSFER_TIMEOUT,
+        }
+    }
 }
 
 /// Where EMF documents go.

@@ -23,6 +23,7 @@
 //!
 //! ```json
 //! {
+//!   "id": "shardId-000000000001/4968…",
 //!   "reason": "guest trapped: ...",
 //!   "attempts": 3,
 //!   "subscription": "orders-audit",
@@ -39,6 +40,12 @@
 //! }
 //! ```
 //!
+//! `id` names the record by its place in its source (`shard/sequence`,
+//! with `/sub` for a KPL user record): a record dead-lettered twice (a
+//! crash between the put and the checkpoint) carries the same id both
+//! times, and redrive hands it back once. A quarantined record's envelope
+//! also carries `parking`, the identity of its key's parking (see
+//! `crate::parked`), and the first of a parking `cause`.
 //! `sub_sequence_number` is the user record's index in its KPL aggregate
 //! (`null` for a plain record; `data_base64` is then the user record's
 //! data and `partition_key` its own key). `data_base64` is the original data, unchanged, base64-encoded (standard
@@ -74,7 +81,7 @@
 
 mod quarantine;
 
-pub(crate) use quarantine::{ParkError, Parking, Quarantine};
+pub(crate) use quarantine::{ParkError, Parking, Quarantine, decode as decode_parked};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,7 +91,7 @@ use async_trait::async_trait;
 use crate::channel::Record;
 use crate::clock::now_ms;
 use crate::config::{FailurePolicy, OnFailure};
-use crate::ids::{PluginDigest, StreamName, SubscriptionName};
+use crate::ids::{PluginDigest, ShardId, StreamName, SubscriptionName};
 use crate::kinesis::{Kinesis, KinesisError};
 use crate::logging::{MAX_GUEST_TEXT, capped};
 
@@ -234,6 +241,19 @@ pub(crate) struct LastFailure<'a> {
     /// For a quarantined record (reason `quarantined`): the failure that
     /// parked its key, on the record that parked it.
     pub cause: Option<&'a str>,
+    /// For a quarantined record: its key's parking
+    /// ([`crate::parked::ParkedKey::parking`]).
+    pub parking: Option<&'a str>,
+}
+
+/// A record's id in its envelope (`"id"`): its place in its source,
+/// `shard/sequence[/sub]` (see [`crate::parked::Source::id`]), the same
+/// however often it is dead-lettered, so redrive hands it back once.
+pub(crate) fn record_id(record: &Record) -> String {
+    match record.sub_sequence {
+        Some(sub) => format!("{}/{}/{sub}", record.shard, record.sequence),
+        None => format!("{}/{}", record.shard, record.sequence),
+    }
 }
 
 /// Where given-up records go: the dead-letter stream
@@ -280,22 +300,15 @@ impl DeadLetters {
         }
     }
 
-    /// The envelope (module docs) for one record, failed last by the
-    /// plugin version `plugin`: with the data when it fits in one record
-    /// beside the partition key, without it otherwise.
-    pub(crate) fn envelope(
-        &self,
-        record: &Record,
-        reason: &str,
-        attempts: u32,
-        plugin: Option<&PluginDigest>,
-        cause: Option<&str>,
-    ) -> Envelope {
+    /// The envelope (module docs) for one record given up as `failure`
+    /// says: with the data when it fits in one record beside the partition
+    /// key, without it otherwise.
+    pub(crate) fn envelope(&self, record: &Record, failure: LastFailure<'_>) -> Envelope {
         let key = record.partition_key.as_str().len();
         // Base64 of n bytes is 4⌈n/3⌉ characters: skip encoding data that
         // cannot fit anyway.
         if key + 4 * record.data.len().div_ceil(3) < MAX_RECORD_BYTES {
-            let bytes = self.envelope_bytes(record, reason, attempts, plugin, cause, true);
+            let bytes = self.envelope_bytes(record, failure, true);
             if key + bytes.len() <= MAX_RECORD_BYTES {
                 return Envelope {
                     bytes,
@@ -304,7 +317,7 @@ impl DeadLetters {
             }
         }
         Envelope {
-            bytes: self.envelope_bytes(record, reason, attempts, plugin, cause, false),
+            bytes: self.envelope_bytes(record, failure, false),
             data_omitted: true,
         }
     }
@@ -312,13 +325,18 @@ impl DeadLetters {
     fn envelope_bytes(
         &self,
         record: &Record,
-        reason: &str,
-        attempts: u32,
-        plugin: Option<&PluginDigest>,
-        cause: Option<&str>,
+        failure: LastFailure<'_>,
         with_data: bool,
     ) -> Vec<u8> {
+        let LastFailure {
+            reason,
+            attempts,
+            version: plugin,
+            cause,
+            parking,
+        } = failure;
         let mut envelope = serde_json::json!({
+            "id": record_id(record),
             "reason": capped(reason, MAX_GUEST_TEXT),
             "attempts": attempts,
             "subscription": self.subscription.as_str(),
@@ -339,6 +357,9 @@ impl DeadLetters {
         if let Some(cause) = cause {
             envelope["cause"] = capped(cause, MAX_GUEST_TEXT).into();
         }
+        if let Some(parking) = parking {
+            envelope["parking"] = parking.into();
+        }
         // A JSON value of strings and numbers always serializes.
         serde_json::to_vec(&envelope).expect("envelope serializes")
     }
@@ -354,13 +375,7 @@ impl DeadLetterSink for DeadLetters {
     /// envelope with data that the stream refuses is put again at once
     /// without it (module docs, "Size").
     async fn put(&self, record: &Record, failure: LastFailure<'_>) -> Result<Put, KinesisError> {
-        let LastFailure {
-            reason,
-            attempts,
-            version,
-            cause,
-        } = failure;
-        let envelope = self.envelope(record, reason, attempts, version, cause);
+        let envelope = self.envelope(record, failure);
         let data_omitted = envelope.data_omitted;
         let key = &record.partition_key;
         match self
@@ -369,14 +384,16 @@ impl DeadLetterSink for DeadLetters {
             .await
         {
             Err(KinesisError::Refused(_)) if !data_omitted => {
-                let bytes = self.envelope_bytes(record, reason, attempts, version, cause, false);
-                let sequence = self.kinesis.put_record(&self.stream, key, bytes).await?;
+                let bytes = self.envelope_bytes(record, failure, false);
+                let (shard, sequence) = self.kinesis.put_record(&self.stream, key, bytes).await?;
                 Ok(Put {
+                    shard,
                     sequence,
                     data_omitted: true,
                 })
             }
-            put => put.map(|sequence| Put {
+            put => put.map(|(shard, sequence)| Put {
+                shard,
                 sequence,
                 data_omitted,
             }),
@@ -397,7 +414,9 @@ pub(crate) struct Envelope {
 #[derive(Debug)]
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) struct Put {
-    /// Its sequence number in the dead-letter stream.
+    /// The dead-letter stream's shard it went to.
+    pub shard: ShardId,
+    /// Its sequence number there.
     pub sequence: String,
     /// True when its envelope went without the data.
     pub data_omitted: bool,
@@ -457,6 +476,17 @@ mod tests {
         }
     }
 
+    /// A failure as the tests give it.
+    fn failed(reason: &str, attempts: u32) -> LastFailure<'_> {
+        LastFailure {
+            reason,
+            attempts,
+            version: None,
+            cause: None,
+            parking: None,
+        }
+    }
+
     fn parse(envelope: &Envelope) -> serde_json::Value {
         serde_json::from_slice(&envelope.bytes).unwrap()
     }
@@ -469,13 +499,18 @@ mod tests {
     #[test]
     fn a_small_record_travels_whole() {
         let r = record("customer-7", b"{\"amount\":12}".to_vec());
-        let e = dead_letters().envelope(&r, "rejected: no", 1, None, None);
+        let e = dead_letters().envelope(&r, failed("rejected: no", 1));
         assert!(!e.data_omitted);
         let v = parse(&e);
         assert_eq!(v["data_base64"], "eyJhbW91bnQiOjEyfQ==");
         assert_eq!(v["data_bytes"], 13);
         assert_eq!(v["data_omitted"], false);
         assert_eq!(v["source"]["sequence_number"], "4".repeat(56));
+        assert_eq!(
+            v["id"],
+            format!("shardId-000000000001/{}", "4".repeat(56)),
+            "the same record's id whenever it is dead-lettered"
+        );
     }
 
     #[test]
@@ -484,7 +519,7 @@ mod tests {
         let key = "k".repeat(256);
         let r = record(&key, vec![0xAB; 1_000_000]);
         let reason = format!("rejected: {}", "x".repeat(10_000_000));
-        let e = dead_letters().envelope(&r, &reason, 1, None, None);
+        let e = dead_letters().envelope(&r, failed(&reason, 1));
         assert!(e.data_omitted);
         assert!(record_size(&key, &e) <= MAX_RECORD_BYTES);
         assert!(e.bytes.len() < 16 * 1024, "{} bytes", e.bytes.len());
@@ -505,7 +540,7 @@ mod tests {
         let key = "customer-7";
         let d = dead_letters();
         let fits = |n: usize| {
-            let e = d.envelope(&record(key, vec![7; n]), "guest trapped: x", 3, None, None);
+            let e = d.envelope(&record(key, vec![7; n]), failed("guest trapped: x", 3));
             assert!(record_size(key, &e) <= MAX_RECORD_BYTES, "{n}");
             !e.data_omitted
         };
@@ -517,7 +552,7 @@ mod tests {
             if fits(mid) { lo = mid } else { hi = mid }
         }
         assert!((780_000..786_432).contains(&lo), "{lo}");
-        let whole = d.envelope(&record(key, vec![7; lo]), "guest trapped: x", 3, None, None);
+        let whole = d.envelope(&record(key, vec![7; lo]), failed("guest trapped: x", 3));
         assert!(
             MAX_RECORD_BYTES - record_size(key, &whole) < 8,
             "as full as base64 allows"

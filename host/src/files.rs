@@ -134,6 +134,32 @@ pub(crate) fn read_to_limit(file: File, meta: &Metadata, max: u64) -> Result<Vec
     Ok(bytes)
 }
 
+/// Runs `work` on a thread of its own and waits for it without blocking
+/// the runtime: for file-system calls that may never return (a read stuck
+/// in the kernel on a hung network file system).
+///
+/// Not tokio's blocking pool: such a call would hold that pool's thread,
+/// and the runtime waits for its threads when it shuts down. This thread
+/// owns nothing but the call; a caller that stops waiting (a timeout, a
+/// shutdown) leaves it to end with the process.
+///
+/// # Errors
+/// When no thread can be started, or the thread ended without a result.
+pub(crate) async fn on_thread<T, F>(name: &str, work: F) -> std::io::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })?;
+    rx.await
+        .map_err(|_| std::io::Error::other("the thread ended without a result"))
+}
+
 /// The effective user id of this process.
 pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.

@@ -48,7 +48,7 @@ use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType};
 
 use crate::cause::Cause;
-use crate::config::{AwsConfig, StartPosition};
+use crate::config::{ArtifactTimeouts, AwsConfig, StartPosition};
 use crate::ids::{PartitionKey, Position, SequenceNumber, ShardId, StreamName};
 
 async fn sdk_config(aws: &AwsConfig) -> aws_config::SdkConfig {
@@ -101,15 +101,26 @@ pub(crate) async fn dynamodb_client(aws: &AwsConfig) -> aws_sdk_dynamodb::Client
 }
 
 /// Builds an S3 client (for the artifact store) the same way as the
-/// Kinesis one: `AWS_ENDPOINT_URL_S3` points it at an emulator, and then
-/// addresses buckets by path (`http://host:port/bucket/key`), since an
-/// emulator on loopback has no per-bucket host names.
-pub(crate) async fn s3_client(aws: &AwsConfig) -> aws_sdk_s3::Client {
+/// Kinesis one, with the artifact store's deadlines (`timeouts`: connect,
+/// first byte, and the whole call per attempt and in all):
+/// `AWS_ENDPOINT_URL_S3` points it at an emulator, and then addresses
+/// buckets by path (`http://host:port/bucket/key`), since an emulator on
+/// loopback has no per-bucket host names.
+pub(crate) async fn s3_client(aws: &AwsConfig, timeouts: ArtifactTimeouts) -> aws_sdk_s3::Client {
     let sdk = sdk_config(aws).await;
     let overridden = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"]
         .iter()
         .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
-    let config = aws_sdk_s3::config::Builder::from(&sdk).force_path_style(overridden);
+    let config = aws_sdk_s3::config::Builder::from(&sdk)
+        .force_path_style(overridden)
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(timeouts.connect)
+                .read_timeout(timeouts.first_byte)
+                .operation_attempt_timeout(timeouts.transfer)
+                .operation_timeout(timeouts.transfer)
+                .build(),
+        );
     aws_sdk_s3::Client::from_conf(config.build())
 }
 
@@ -437,7 +448,8 @@ impl Kinesis {
         })
     }
 
-    /// Puts one record (PutRecord); returns its sequence number.
+    /// Puts one record (PutRecord); returns the shard it went to and its
+    /// sequence number there.
     ///
     /// # Errors
     /// The call's [`KinesisError`]: [`KinesisError::Refused`] when the
@@ -447,7 +459,7 @@ impl Kinesis {
         stream: &StreamName,
         key: &PartitionKey,
         data: Vec<u8>,
-    ) -> Result<String, KinesisError> {
+    ) -> Result<(ShardId, String), KinesisError> {
         let output = self
             .client
             .put_record()
@@ -458,7 +470,7 @@ impl Kinesis {
             .send()
             .await
             .map_err(KinesisError::from_sdk)?;
-        Ok(output.sequence_number)
+        Ok((ShardId::new(output.shard_id), output.sequence_number))
     }
 
     /// Puts `records` (partition key, data) to `stream` in one PutRecords

@@ -116,7 +116,7 @@ use async_trait::async_trait;
 use crate::cause::Cause;
 use crate::ids::{OwnerId, PartitionKey, SessionId, ShardId, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
-use crate::versions::{CanaryCounts, Command, FleetVersions, VersionsError};
+use crate::versions::{Command, FleetVersions, VersionsError};
 
 /// A checkpoint for the lease keeper to write, as settlement asks for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,10 +239,6 @@ pub struct Load {
     /// mean something (a shard just taken reads as quiet at first):
     /// nothing moves for load on an unsettled figure.
     pub settled: bool,
-    /// What the instance counted of its subscription's canary, while one
-    /// runs (summed over the fleet for the canary's rules; see
-    /// [`crate::versions::CanaryPlan::decide`]).
-    pub canary: Option<CanaryCounts>,
 }
 
 impl Load {
@@ -251,18 +247,16 @@ impl Load {
     pub const HOTTEST: usize = 16;
 
     /// The stored form: `{"total": 12.5, "hottest": [["shardId-1", 9.0]],
-    /// "settled": true}`, with `"canary": {…}` while a canary runs (a
-    /// heartbeat stays well under one write unit, 1 KB).
+    /// "settled": true}` (a heartbeat stays well under one write unit,
+    /// 1 KB). An earlier version's `"canary"` is ignored: canary counts
+    /// live in the lease store's tallies now (`crate::rollout`).
     pub(crate) fn to_json(&self) -> String {
-        let mut json = serde_json::json!({
+        serde_json::json!({
             "total": self.total,
             "hottest": self.hottest.iter().map(|(s, r)| (s.as_str(), r)).collect::<Vec<_>>(),
             "settled": self.settled,
-        });
-        if let Some(canary) = &self.canary {
-            json["canary"] = serde_json::to_value(canary).unwrap_or_default();
-        }
-        json.to_string()
+        })
+        .to_string()
     }
 
     /// From the stored form; `None` when it does not parse.
@@ -273,8 +267,6 @@ impl Load {
             hottest: Vec<(String, f64)>,
             #[serde(default)]
             settled: bool,
-            #[serde(default)]
-            canary: Option<CanaryCounts>,
         }
         let wire: Wire = serde_json::from_str(text).ok()?;
         Some(Self {
@@ -285,7 +277,6 @@ impl Load {
                 .map(|(s, r)| (ShardId::new(s), r))
                 .collect(),
             settled: wire.settled,
-            canary: wire.canary,
         })
     }
 
@@ -358,6 +349,26 @@ pub(crate) mod rules {
     /// one (`revision`) was made from, `current` being the stored one.
     pub(crate) fn write_doc(current: Option<&str>, revision: u64) -> bool {
         current.map_or(0, super::revision_of) + 1 == revision
+    }
+
+    /// Writing an item (see "Items" in [`super`]): as a document, and,
+    /// with a fence, only while `lease` (its stored value) is held by the
+    /// fence's owner.
+    pub(crate) fn write_item(
+        current: Option<&str>,
+        revision: u64,
+        fence: Option<(&super::Fence, Option<&Lease>)>,
+    ) -> super::ItemWrite {
+        if let Some((fence, lease)) = fence
+            && lease.and_then(|l| l.owner.as_ref()) != Some(&fence.owner)
+        {
+            return super::ItemWrite::Fenced;
+        }
+        if write_doc(current, revision) {
+            super::ItemWrite::Written
+        } else {
+            super::ItemWrite::Changed
+        }
     }
 
     /// Taking the lease for `owner`, if it is still exactly as `seen`.
@@ -587,6 +598,46 @@ pub trait LeaseStore: Send + Sync + 'static {
         doc: String,
     ) -> Result<bool, LeaseError>;
 
+    /// Every item of a subscription's collection `kind`. Strongly
+    /// consistent.
+    async fn read_items(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+    ) -> Result<Vec<Item>, LeaseError>;
+
+    /// One item; `None` when there is none. Strongly consistent.
+    async fn read_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+        key: &str,
+    ) -> Result<Option<Item>, LeaseError>;
+
+    /// Stores `doc` (whose revision is `revision`) as item `key` if the
+    /// stored one's revision is still `revision - 1` (none stored for
+    /// revision 1) and, with `fence`, while the fence's lease is held by
+    /// its owner (see "Items").
+    async fn write_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+        key: &str,
+        revision: u64,
+        doc: String,
+        fence: Option<&Fence>,
+    ) -> Result<ItemWrite, LeaseError>;
+
+    /// Deletes item `key` if its revision is still `revision`: true when
+    /// it was deleted (or was not there).
+    async fn delete_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+        key: &str,
+        revision: u64,
+    ) -> Result<bool, LeaseError>;
+
     /// A subscription's fleet versions (see [`crate::versions`]); `None`
     /// before the first change. Strongly consistent.
     async fn read_versions(
@@ -619,22 +670,87 @@ pub trait LeaseStore: Send + Sync + 'static {
 /// The documents a lease store keeps per subscription beside its leases,
 /// each one JSON value with a top-level `revision` that every write is
 /// conditional on.
+///
+/// # Items
+/// Beside them, collections of many small documents ([`ItemKind`]), one
+/// per key, each conditional on its own revision. A write may be fenced
+/// ([`Fence`]): it lands only while the writer holds a lease. The memory
+/// and file stores check the fence and write in one critical section or
+/// transaction. DynamoDB (on which the tests' emulator has no
+/// transactions) reads the lease strongly consistently and then writes
+/// the item conditionally: a writer that lost the lease before its read
+/// writes nothing. One whose lease is taken between that read and its
+/// write's arrival still writes; a taker takes a lease only after seeing
+/// the holder's heartbeat and lease stand still for a lease duration, so
+/// that is a writer whose read answered as its lease ran out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DocKind {
     /// The fleet's plugin versions ([`crate::versions`]).
     Versions,
-    /// The parked keys ([`crate::parked`]).
-    Parked,
 }
 
 impl DocKind {
-    /// Its name in store keys: `versions`, `parked`.
+    /// Its name in store keys: `versions`.
     pub fn name(self) -> &'static str {
         match self {
             DocKind::Versions => "versions",
-            DocKind::Parked => "parked",
         }
     }
+}
+
+/// The item collections a subscription keeps beside its leases (see
+/// "Items" below): many small documents, one per key, each with its own
+/// revision, so changing one is one small write however many there are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ItemKind {
+    /// Parked keys, one item per partition key ([`crate::parked`]).
+    Parked,
+    /// Canary counts, one item per canary and instance (`crate::rollout`).
+    Tally,
+}
+
+impl ItemKind {
+    /// Its name in store keys: `parked-keys`, `tallies`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ItemKind::Parked => "parked-keys",
+            ItemKind::Tally => "tallies",
+        }
+    }
+}
+
+/// One item: its key in its collection and its document (JSON with a
+/// top-level `revision`, as a document's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    /// Its key.
+    pub key: String,
+    /// The document's revision.
+    pub revision: u64,
+    /// The document.
+    pub doc: String,
+}
+
+/// A write that must only land while its writer holds a lease (a park:
+/// only the shard's holder may park its keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The lease.
+    pub lease: LeaseKey,
+    /// Who must hold it.
+    pub owner: OwnerId,
+}
+
+/// What a conditional item write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ItemWrite {
+    /// Stored.
+    Written,
+    /// Another write came first: read it again and decide again.
+    Changed,
+    /// The fence's lease is not (or no longer) the writer's: nothing was
+    /// stored.
+    Fenced,
 }
 
 /// A document of `kind`, decoded.
@@ -708,30 +824,22 @@ pub(crate) async fn update_versions(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::PluginDigest;
 
-    /// Catches: a heartbeat that loses the canary counts it carries (the
-    /// fleet's canary would never be judged), or one from an earlier
-    /// version (no `canary`) that no longer parses (balancing by load
-    /// would stop during a rolling upgrade).
+    /// Catches: a heartbeat's load lost on the way through the store, or
+    /// one of an earlier version (with `canary` counts, or without
+    /// `settled`) that no longer parses (balancing by load would stop
+    /// during a rolling upgrade).
     #[test]
-    fn a_heartbeats_load_keeps_its_canary_counts_and_reads_older_ones() {
+    fn a_heartbeats_load_reads_back_and_reads_older_ones() {
         let load = Load {
             total: 12.5,
             hottest: vec![(ShardId::from("s1"), 9.0)],
             settled: true,
-            canary: Some(CanaryCounts {
-                candidate: Some(PluginDigest::of(b"v2")),
-                stable_records: 80,
-                stable_failures: 1,
-                candidate_records: 20,
-                candidate_failures: 4,
-            }),
         };
         let json = load.to_json();
         assert!(json.len() < 1024, "one write unit: {json}");
         assert_eq!(Load::from_json(&json), Some(load));
-        let older = Load::from_json(r#"{"total": 1.0, "hottest": [], "settled": true}"#).unwrap();
-        assert_eq!(older.canary, None);
+        let older = Load::from_json(r#"{"total": 1.0, "hottest": [], "canary": {"candidate": null, "stable_records": 1, "stable_failures": 0, "candidate_records": 0, "candidate_failures": 0}}"#).unwrap();
+        assert!(!older.settled);
     }
 }

@@ -135,7 +135,7 @@ pub use key_slice::KeySlice;
 pub use lease::file::FileLeaseStore;
 pub use lease::{DocKind, LeaseStore};
 pub use logging::{LogFormat, LogGuard, init as init_logging};
-pub use parked::{ParkLimits, ParkedKey, ParkedKeys, Source};
+pub use parked::{ParkLimits, ParkedKey, Source};
 pub use plugin::PluginHost;
 pub use progress::Checkpoint;
 pub use supervisor::{LoadedSubscription, load_plugins, run};

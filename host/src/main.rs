@@ -622,7 +622,7 @@ fn quarantine_list(config_path: PathBuf, subscription: &str) -> anyhow::Result<(
     let config = Config::load(&config_path)?;
     let runtime = one_shot_runtime()?;
     let parked = runtime.block_on(shardlane::quarantine_list(&config, subscription))?;
-    if parked.keys.is_empty() {
+    if parked.is_empty() {
         println!("no key of {subscription:?} is parked");
         return Ok(());
     }
@@ -630,7 +630,7 @@ fn quarantine_list(config_path: PathBuf, subscription: &str) -> anyhow::Result<(
         "{:<24}  {:<20}  {:>8}  {:<32}  {:<24}  REASON",
         "KEY", "SINCE (UTC)", "RECORDS", "FIRST (shard/sequence)", "BY"
     );
-    for (key, p) in &parked.keys {
+    for (key, p) in &parked {
         let since = std::time::UNIX_EPOCH + std::time::Duration::from_millis(p.since_ms);
         println!(
             "{:<24}  {:<20}  {:>8}  {:<32}  {:<24}  {}",
@@ -642,7 +642,7 @@ fn quarantine_list(config_path: PathBuf, subscription: &str) -> anyhow::Result<(
             p.reason.escape_debug()
         );
     }
-    println!("{} keys parked", parked.keys.len());
+    println!("{} keys parked", parked.len());
     Ok(())
 }
 
@@ -721,12 +721,16 @@ fn run(config_path: PathBuf, format: Format) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(async {
-        // Handlers first: a signal during start-up still means a clean
-        // stop once start-up is done, not the default abrupt exit.
+    let result = runtime.block_on(async {
+        // Handlers first: a signal during start-up stops start-up cleanly,
+        // not with the default abrupt exit.
         let signals = Signals::install()?;
         shardlane::run(config, signals.shutdown()).await
-    })
+    });
+    // The run has stopped within its bounds; a blocking call still stuck
+    // (a file read on a hung network file system) must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 /// `shardlane replay`: logs as `run` does (stdout), progress on stderr,

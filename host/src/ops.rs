@@ -91,13 +91,17 @@ pub(crate) const MAX_PLUGIN_UPLOAD: usize = 64 << 20;
 /// Longest shutdown waits for the requests under way to finish.
 const DRAIN: Duration = Duration::from_secs(5);
 
+/// Each subscription's rollout stage, by name.
+pub(crate) type Rollouts = Arc<BTreeMap<SubscriptionName, Arc<Rollout>>>;
+
 /// What the server serves.
 pub(crate) struct OpsState {
     /// Metrics and status.
     pub telemetry: Arc<Telemetry>,
     /// Each subscription's rollout stage (which changes the fleet's
-    /// versions), by name.
-    pub rollouts: BTreeMap<SubscriptionName, Arc<Rollout>>,
+    /// versions), by name; `None` until start-up has made them (a write
+    /// that comes before waits for them, up to its time limit).
+    pub rollouts: tokio::sync::watch::Receiver<Option<Rollouts>>,
     /// The admin bearer token; `None`: write endpoints are off.
     pub token: Option<String>,
 }

@@ -1,17 +1,32 @@
-//! Parked keys: a subscription's quarantine, as its lease store keeps it
-//! (one document per subscription, [`ParkedKeys`]), and the pure rules
-//! that change it.
+//! Parked keys: a subscription's quarantine, as its lease store keeps it —
+//! one item per parked partition key ([`ParkedKey`]) — and the pure rules
+//! that change one.
 //!
 //! A key is parked when one of its records runs out of attempts or age
 //! under `on_failure = "quarantine"`; from then on each of its records is
 //! put to the dead-letter stream instead of being handled, until the key
-//! is released (`shardlane redrive --key`). The document says, per key,
-//! when and why it was parked, by which instance, how many records it
-//! holds, and the first and the last of them (their place in the source
-//! stream). Every change bumps `revision`, and the store writes a change
-//! only over the revision it was made from, so two instances parking at
-//! once, or a release racing a park, never lose each other's change: the
-//! loser reads again and applies its change on top.
+//! is released (`shardlane redrive --key`). Its item says when and why it
+//! was parked, by which instance, how many records it holds, the first
+//! and the last of them (their place in the source stream), which parking
+//! it is ([`ParkedKey::parking`], written into every dead letter of it),
+//! and where the first of those dead letters lies in the dead-letter
+//! stream ([`ParkedKey::first_put`]).
+//!
+//! Every change of an item moves its `revision`, and the store writes a
+//! change only over the revision it was made from, so two writers at once
+//! never lose each other's change: the loser reads again and applies its
+//! change on top. A park is one small write of one item, however many
+//! keys are parked.
+//!
+//! # A record parked twice
+//! After a crash between a park and the checkpoint that passes it, the
+//! record is read again and parked again. [`ParkedKey::park_again`] then
+//! changes nothing: a record at or before the key's `last` was counted
+//! already (on the same shard, sequence numbers order them; a key's
+//! records on another shard are later ones, as a child shard starts only
+//! after its parent ended). The dead letter may be put twice: it carries
+//! the record's id (its place in the source), and redrive hands each id
+//! back once.
 //!
 //! A release names the last record its caller saw parked: it lands only
 //! if no record was parked since, so a record parked while the key's
@@ -21,9 +36,9 @@
 //! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor and those below.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
+
+use crate::ids::SequenceNumber;
 
 /// Where a parked record lies in its source stream.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -37,6 +52,32 @@ pub struct Source {
     pub sub: Option<u32>,
 }
 
+impl Source {
+    /// Whether this record comes after `other` among one key's records:
+    /// later on the same shard, or on another shard (a key's records on a
+    /// child shard come after its parent's).
+    pub fn after(&self, other: &Source) -> bool {
+        if self.shard != other.shard {
+            return true;
+        }
+        match (
+            SequenceNumber::parse(&self.sequence),
+            SequenceNumber::parse(&other.sequence),
+        ) {
+            (Ok(a), Ok(b)) => (a, self.sub.unwrap_or(0)) > (b, other.sub.unwrap_or(0)),
+            // Not sequence numbers (never from Kinesis): only equal ones are
+            // the same record.
+            _ => self != other,
+        }
+    }
+
+    /// The record's id in dead letters and redrives: `shard/sequence`, and
+    /// `/sub` for a user record of a KPL aggregate.
+    pub fn id(&self) -> String {
+        self.to_string()
+    }
+}
+
 impl std::fmt::Display for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.shard, self.sequence)?;
@@ -47,10 +88,25 @@ impl std::fmt::Display for Source {
     }
 }
 
-/// One parked key.
+/// Where a dead letter lies in the dead-letter stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Put {
+    /// The dead-letter stream's shard.
+    pub shard: String,
+    /// Its sequence number there.
+    pub sequence: String,
+}
+
+/// One parked key, as its item holds it (module docs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParkedKey {
-    /// When it was parked (ms since the Unix epoch).
+    /// Moved by every change (the store writes conditionally on it).
+    pub revision: u64,
+    /// This parking's identity, in every dead letter of it: a key parked,
+    /// released and parked again is another parking.
+    pub parking: String,
+    /// When it was parked (ms since the Unix epoch, the parking host's
+    /// clock): shown, never compared.
     pub since_ms: u64,
     /// The instance that parked it.
     pub by: String,
@@ -62,15 +118,10 @@ pub struct ParkedKey {
     pub first: Source,
     /// The latest record parked.
     pub last: Source,
-}
-
-/// A subscription's parked keys (module docs).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ParkedKeys {
-    /// Bumped by every change.
-    pub revision: u64,
-    /// By partition key.
-    pub keys: BTreeMap<String, ParkedKey>,
+    /// Where the dead letter of `first` lies, once put: where
+    /// `redrive --key` starts reading.
+    #[serde(default)]
+    pub first_put: Option<Put>,
 }
 
 /// What a quarantine may hold (`quarantine = { max_keys, max_records }`).
@@ -109,106 +160,70 @@ pub enum ReleaseRefused {
     },
 }
 
-impl ParkedKeys {
-    /// Whether `key` is parked.
-    pub fn is_parked(&self, key: &str) -> bool {
-        self.keys.contains_key(key)
-    }
-
-    /// The document with `record` of `key` parked: the key parked by it
-    /// when it was not yet, counted on otherwise. A record already the
-    /// key's latest (parked again after a crash) changes nothing but the
-    /// revision.
-    ///
-    /// # Errors
-    /// [`ParkRefused`] when the quarantine is full.
-    pub fn park(
-        &self,
-        key: &str,
-        record: Source,
-        reason: &str,
-        by: &str,
-        now_ms: u64,
-        limits: ParkLimits,
-    ) -> Result<Self, ParkRefused> {
-        let mut next = self.clone();
-        next.revision += 1;
-        match next.keys.get_mut(key) {
-            Some(parked) => add(parked, record, limits)?,
-            None => {
-                if self.keys.len() >= limits.max_keys {
-                    return Err(ParkRefused::Keys(self.keys.len()));
-                }
-                next.keys.insert(
-                    key.to_owned(),
-                    ParkedKey {
-                        since_ms: now_ms,
-                        by: by.to_owned(),
-                        reason: reason.to_owned(),
-                        records: 1,
-                        first: record.clone(),
-                        last: record,
-                    },
-                );
-            }
+impl ParkedKey {
+    /// A key parked by `record` (its first item, revision 1).
+    pub fn new(record: Source, parking: String, reason: &str, by: &str, now_ms: u64) -> Self {
+        Self {
+            revision: 1,
+            parking,
+            since_ms: now_ms,
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+            records: 1,
+            first: record.clone(),
+            last: record,
+            first_put: None,
         }
-        Ok(next)
     }
 
-    /// The document with a later `record` of `key` parked behind the
-    /// first; `None` when the key is not parked (it was released: the
-    /// record is handled).
+    /// The item with `record` parked behind the others; `None` when it was
+    /// parked already (at or before `last`: a re-park after a crash,
+    /// module docs), which changes nothing.
     ///
     /// # Errors
     /// [`ParkRefused::Records`] when the key holds as many as it may.
-    pub fn add(
+    pub fn park_again(
         &self,
-        key: &str,
-        record: Source,
+        record: &Source,
         limits: ParkLimits,
     ) -> Result<Option<Self>, ParkRefused> {
-        let mut next = self.clone();
-        let Some(parked) = next.keys.get_mut(key) else {
+        if !record.after(&self.last) {
             return Ok(None);
-        };
-        add(parked, record, limits)?;
-        next.revision += 1;
-        Ok(Some(next))
+        }
+        if self.records >= limits.max_records {
+            return Err(ParkRefused::Records(self.records));
+        }
+        Ok(Some(Self {
+            revision: self.revision + 1,
+            records: self.records + 1,
+            last: record.clone(),
+            ..self.clone()
+        }))
     }
 
-    /// The document with `key` released, if its latest parked record is
-    /// still `seen_last`.
+    /// The item noting where its first dead letter was put.
+    pub fn with_first_put(&self, put: Put) -> Self {
+        Self {
+            revision: self.revision + 1,
+            first_put: Some(put),
+            ..self.clone()
+        }
+    }
+
+    /// Whether key `key` may be released by a caller that saw `seen_last`
+    /// as its latest parked record.
     ///
     /// # Errors
-    /// [`ReleaseRefused`] naming why not.
-    pub fn release(&self, key: &str, seen_last: &Source) -> Result<Self, ReleaseRefused> {
-        let Some(parked) = self.keys.get(key) else {
-            return Err(ReleaseRefused::NotParked(key.to_owned()));
-        };
-        if &parked.last != seen_last {
+    /// [`ReleaseRefused::Moved`] when a record was parked since.
+    pub fn release(&self, key: &str, seen_last: &Source) -> Result<(), ReleaseRefused> {
+        if &self.last != seen_last {
             return Err(ReleaseRefused::Moved {
                 key: key.to_owned(),
-                last: parked.last.clone(),
+                last: self.last.clone(),
             });
         }
-        let mut next = self.clone();
-        next.keys.remove(key);
-        next.revision += 1;
-        Ok(next)
+        Ok(())
     }
-}
-
-/// Counts `record` on a parked key, unless it is the latest already.
-fn add(parked: &mut ParkedKey, record: Source, limits: ParkLimits) -> Result<(), ParkRefused> {
-    if parked.last == record {
-        return Ok(());
-    }
-    if parked.records >= limits.max_records {
-        return Err(ParkRefused::Records(parked.records));
-    }
-    parked.records += 1;
-    parked.last = record;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -229,27 +244,22 @@ mod tests {
     }
 
     #[test]
-    fn a_key_parks_counts_its_records_and_is_released_only_as_seen() {
-        let none = ParkedKeys::default();
-        let one = none
-            .park("k", at(1), "guest trapped", "a", 7, LIMITS)
-            .unwrap();
-        assert_eq!(one.revision, 1);
-        assert!(one.is_parked("k") && !one.is_parked("j"));
-        let two = one.add("k", at(2), LIMITS).unwrap().unwrap();
-        let parked = &two.keys["k"];
+    fn a_key_counts_its_records_and_is_released_only_as_seen() {
+        let one = ParkedKey::new(at(1), "p1".into(), "guest trapped", "a", 7);
+        assert_eq!((one.revision, one.records), (1, 1));
+        let two = one.park_again(&at(2), LIMITS).unwrap().unwrap();
         assert_eq!(
-            (parked.records, &parked.first, &parked.last),
-            (2, &at(1), &at(2))
+            (two.revision, two.records, &two.first, &two.last),
+            (2, 2, &at(1), &at(2))
         );
         assert_eq!(
-            (parked.since_ms, parked.by.as_str(), parked.reason.as_str()),
-            (7, "a", "guest trapped")
-        );
-        assert_eq!(
-            two.add("j", at(3), LIMITS).unwrap(),
-            None,
-            "not parked: handled"
+            (
+                two.since_ms,
+                two.by.as_str(),
+                two.reason.as_str(),
+                two.parking.as_str()
+            ),
+            (7, "a", "guest trapped", "p1")
         );
         assert_eq!(
             two.release("k", &at(1)),
@@ -259,77 +269,78 @@ mod tests {
             }),
             "a record parked since the caller looked keeps the key parked"
         );
-        let released = two.release("k", &at(2)).unwrap();
-        assert!(!released.is_parked("k"));
-        assert_eq!(released.revision, 3);
+        assert_eq!(two.release("k", &at(2)), Ok(()));
+    }
+
+    /// Catches: a record parked again after a crash counted twice, or
+    /// moving `last` back (a release would then leave later records
+    /// behind, and redrive would hand them back out of order).
+    #[test]
+    fn a_record_parked_again_after_a_crash_changes_nothing() {
+        let three = ParkedKey::new(at(1), "p".into(), "r", "a", 0)
+            .park_again(&at(2), LIMITS)
+            .unwrap()
+            .unwrap()
+            .park_again(&at(3), LIMITS)
+            .unwrap()
+            .unwrap();
+        for again in [at(1), at(2), at(3)] {
+            assert_eq!(three.park_again(&again, LIMITS), Ok(None), "{again}");
+        }
+        let user_record = Source {
+            sub: Some(2),
+            ..at(3)
+        };
         assert_eq!(
-            released.release("k", &at(2)),
-            Err(ReleaseRefused::NotParked("k".into()))
+            three.park_again(&user_record, LIMITS),
+            Err(ParkRefused::Records(3)),
+            "a later user record of the same aggregate is a new record"
         );
+        let child = Source {
+            shard: "shardId-000000000007".into(),
+            sequence: "1".into(),
+            sub: None,
+        };
+        assert!(child.after(&at(3)), "a child shard's records come after");
     }
 
     #[test]
-    fn a_record_parked_again_after_a_crash_counts_once() {
-        let one = ParkedKeys::default()
-            .park("k", at(1), "r", "a", 0, LIMITS)
-            .unwrap();
-        let again = one.park("k", at(1), "r", "b", 9, LIMITS).unwrap();
-        assert_eq!(again.keys["k"].records, 1);
-        let two = again.add("k", at(2), LIMITS).unwrap().unwrap();
-        let same = two.add("k", at(2), LIMITS).unwrap().unwrap();
-        assert_eq!(same.keys["k"].records, 2);
+    fn sequence_numbers_order_by_value_not_by_text() {
+        let short = Source {
+            sequence: "99".into(),
+            ..at(0)
+        };
+        let long = Source {
+            sequence: "100".into(),
+            ..at(0)
+        };
+        assert!(long.after(&short) && !short.after(&long));
     }
 
     #[test]
-    fn a_full_quarantine_refuses_keys_and_records_past_its_bounds() {
-        let two = ParkedKeys::default()
-            .park("a", at(1), "r", "x", 0, LIMITS)
-            .unwrap()
-            .park("b", at(2), "r", "x", 0, LIMITS)
-            .unwrap();
-        assert_eq!(
-            two.park("c", at(3), "r", "x", 0, LIMITS),
-            Err(ParkRefused::Keys(2))
-        );
-        let full = two
-            .add("a", at(4), LIMITS)
-            .unwrap()
-            .unwrap()
-            .add("a", at(5), LIMITS)
-            .unwrap()
-            .unwrap();
-        assert_eq!(full.keys["a"].records, 3);
-        assert_eq!(full.add("a", at(6), LIMITS), Err(ParkRefused::Records(3)));
-        assert_eq!(
-            full.park("a", at(6), "r", "x", 0, LIMITS),
-            Err(ParkRefused::Records(3))
-        );
-    }
-
-    #[test]
-    fn the_document_reads_back_as_it_was_written() {
-        let doc = ParkedKeys::default()
-            .park(
-                "k",
-                Source {
-                    sub: Some(2),
-                    ..at(1)
-                },
-                "r",
-                "a",
-                5,
-                LIMITS,
-            )
-            .unwrap();
+    fn the_item_reads_back_as_it_was_written() {
+        let doc = ParkedKey::new(
+            Source {
+                sub: Some(2),
+                ..at(1)
+            },
+            "p".into(),
+            "r",
+            "a",
+            5,
+        )
+        .with_first_put(Put {
+            shard: "shardId-000000000001".into(),
+            sequence: "777".into(),
+        });
         let json = serde_json::to_string(&doc).unwrap();
-        assert_eq!(crate_revision(&json), 1);
-        assert_eq!(serde_json::from_str::<ParkedKeys>(&json).unwrap(), doc);
-    }
-
-    /// The store reads a document's revision from its top level.
-    fn crate_revision(json: &str) -> u64 {
-        serde_json::from_str::<serde_json::Value>(json).unwrap()["revision"]
+        let revision = serde_json::from_str::<serde_json::Value>(&json).unwrap()["revision"]
             .as_u64()
-            .unwrap()
+            .unwrap();
+        assert_eq!(
+            revision, 2,
+            "the store reads the revision from the top level"
+        );
+        assert_eq!(serde_json::from_str::<ParkedKey>(&json).unwrap(), doc);
     }
 }

@@ -31,14 +31,21 @@
 //! 1. the keeper takes no more leases and closes its assignments;
 //! 2. the pool stops every reader (each tells settlement how far it got)
 //!    and ends, so the channel closes once empty;
-//! 3. dispatch drains the channel and ends, bounded by `shutdown_timeout`
-//!    (past it, `hard_stop` ends it where it is and unhandled records stay
-//!    unsettled); then the output stage puts what it holds and ends
-//!    (bounded by the same `hard_stop`);
+//! 3. dispatch drains the channel and ends, bounded by its share of
+//!    `shutdown_timeout` (all of it but a quarter, at most 2 s, kept for
+//!    steps 4 and 5; past it, `hard_stop` ends it where it is and
+//!    unhandled records stay unsettled); then the output stage puts what
+//!    it holds and ends (bounded by the same `hard_stop`);
 //! 4. settlement, its senders gone, requests each shard's final checkpoint
 //!    and ends;
 //! 5. the keeper writes those checkpoints, releases every lease (so another
 //!    instance can take over at once), and ends when the requests end.
+//!
+//! The whole is bounded by `shutdown_timeout`, whatever the stores and
+//! Kinesis do: a stage still stopping then is cut (the next owner reads
+//! its unsettled records again; its leases lapse). [`Pipeline::stop_now`]
+//! is the same without the drain, for a subscription that must not handle
+//! one more record here.
 //!
 //! Floor 10 (wiring) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor and those below.
@@ -63,7 +70,6 @@ use crate::outputs::{OutputStage, PUBLISH_QUEUE, PutRecords};
 use crate::reader::pool::ReaderPool;
 use crate::reader::range::Range;
 use crate::reader::{BeforeRead, Decode, FanOut, ReaderContext, ShardSubscriber};
-use crate::rollout::Rollout;
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
 use crate::state::{StateMetrics, StateStage};
 use crate::swap::PluginSlot;
@@ -73,11 +79,10 @@ use crate::telemetry::Telemetry;
 pub(crate) struct Parts {
     /// The subscription.
     pub subscription: Arc<SubscriptionConfig>,
-    /// Its plugin versions (hot-swapped, canary).
+    /// Its plugin versions (hot-swapped, canary), which the rollout stage
+    /// keeps on the fleet's versions (a replay's runs the one version it
+    /// was given).
     pub slot: Arc<PluginSlot>,
-    /// What keeps the slot on the fleet's versions; `None` for a replay,
-    /// which runs the one version it was given.
-    pub rollout: Option<Arc<Rollout>>,
     /// Kinesis.
     pub kinesis: Kinesis,
     /// The stream consumer to read through, when reading by enhanced
@@ -117,16 +122,20 @@ pub(crate) struct Pipeline {
     shutdown_timeout: Duration,
     /// Stops the keeper: the start of the ordered shutdown.
     stop: CancellationToken,
-    /// Cuts dispatch short once `shutdown_timeout` has passed.
+    /// Cuts dispatch short once its share of `shutdown_timeout` has
+    /// passed.
     hard_stop: CancellationToken,
-    /// Stops the rollout stage (and its plugin file watcher).
-    stop_watching: CancellationToken,
     keeper: JoinHandle<()>,
     readers: JoinHandle<()>,
     dispatch: JoinHandle<()>,
     outputs: JoinHandle<()>,
     settlement: JoinHandle<()>,
-    watcher: Option<JoinHandle<()>>,
+}
+
+/// The share of `shutdown_timeout` dispatch drains for: the rest is kept
+/// for the final checkpoints and releases, a quarter of it, at most 2 s.
+fn drain_share(shutdown_timeout: Duration) -> Duration {
+    shutdown_timeout - (shutdown_timeout / 4).min(Duration::from_secs(2))
 }
 
 /// Reports how full the subscription channel is at every scrape.
@@ -185,7 +194,6 @@ impl Pipeline {
         let Parts {
             subscription: sub,
             slot,
-            rollout,
             kinesis,
             fan_out,
             store,
@@ -205,7 +213,6 @@ impl Pipeline {
         report_fill(&telemetry, &sub, &deliveries_rx);
         let stop = CancellationToken::new();
         let hard_stop = CancellationToken::new();
-        let stop_watching = CancellationToken::new();
         let settlement = Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx)
             .with_telemetry(&telemetry);
         let state = state_stage(&sub, &store, &telemetry);
@@ -215,7 +222,7 @@ impl Pipeline {
                 store.clone(),
                 sink,
                 sub.failure.quarantine,
-                owner.to_string(),
+                owner.clone(),
                 &telemetry,
                 status.clone(),
             ))
@@ -267,10 +274,6 @@ impl Pipeline {
             telemetry,
         )
         .with_state(state.map(|s| s as Arc<dyn CheckpointState>));
-        let keeper = match &rollout {
-            Some(rollout) => keeper.with_canary_report(rollout.canary_report()),
-            None => keeper,
-        };
         Self {
             name: sub.name.clone(),
             shutdown_timeout: sub.shutdown_timeout,
@@ -279,41 +282,70 @@ impl Pipeline {
             outputs: tokio::spawn(outputs.run(publish_rx, hard_stop.clone())),
             readers: tokio::spawn(pool.run(assign_rx)),
             keeper: tokio::spawn(keeper.run(assign_tx, checkpoint_rx, stop.clone())),
-            watcher: rollout.map(|rollout| tokio::spawn(rollout.run(stop_watching.clone()))),
             stop,
             hard_stop,
-            stop_watching,
         }
     }
 
     /// Shuts the pipeline down in order (module docs) and waits for every
-    /// stage. False when a stage's task failed (it is logged).
+    /// stage, all within `shutdown_timeout`: dispatch drains for its share
+    /// ([`drain_share`]), and whatever is still under way when the whole
+    /// has passed (a store or Kinesis that does not answer) is dropped —
+    /// unsettled records are read again by the next owner, leases not
+    /// released lapse. False when a stage's task failed or was cut (it is
+    /// logged).
     pub(crate) async fn shutdown(self) -> bool {
+        let drain = drain_share(self.shutdown_timeout);
+        self.stop_within(drain).await
+    }
+
+    /// Stops the pipeline at once: dispatch is cut where it is (records
+    /// in flight stay unsettled, for the next owner to read again), then
+    /// the rest stops in order — final checkpoints of what settled, leases
+    /// released — within `shutdown_timeout`. For a subscription that must
+    /// not handle one more record here (its version cannot run here).
+    pub(crate) async fn stop_now(self) -> bool {
+        self.stop_within(Duration::ZERO).await
+    }
+
+    async fn stop_within(self, drain: Duration) -> bool {
         self.stop.cancel();
         let hard_stop = self.hard_stop.clone();
-        let timeout = self.shutdown_timeout;
         let timer = tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
+            tokio::time::sleep(drain).await;
             hard_stop.cancel();
         });
-        let mut ok = true;
-        for (stage, task) in [
+        let name = self.name.clone();
+        let mut stages = [
             ("readers", self.readers),
             ("dispatch", self.dispatch),
             ("outputs", self.outputs),
             ("settlement", self.settlement),
             ("lease keeper", self.keeper),
-        ] {
-            if let Err(e) = task.await {
-                ok = false;
-                tracing::error!(subscription = %self.name, stage, error = %e, "task failed");
+        ];
+        let joined = tokio::time::timeout(self.shutdown_timeout, async {
+            let mut ok = true;
+            for (stage, task) in &mut stages {
+                if let Err(e) = task.await {
+                    ok = false;
+                    tracing::error!(subscription = %name, stage = *stage, error = %e, "task failed");
+                }
+            }
+            ok
+        })
+        .await;
+        timer.abort();
+        match joined {
+            Ok(ok) => ok,
+            Err(_) => {
+                for (stage, task) in &stages {
+                    if !task.is_finished() {
+                        tracing::error!(subscription = %name, stage = *stage, timeout = ?self.shutdown_timeout, "still stopping when shutdown_timeout ran out: cut (unsettled records are read again by the next owner; leases not released lapse)");
+                        task.abort();
+                    }
+                }
+                false
             }
         }
-        timer.abort();
-        self.stop_watching.cancel();
-        if let Some(watcher) = self.watcher {
-            let _ = watcher.await;
-        }
-        ok
     }
 }

@@ -120,8 +120,14 @@ pub(crate) trait BeforeRead: Send + Sync {
 /// position in the shard read. A seam: defined here, implemented above.
 #[async_trait]
 pub(crate) trait Decode: Send + Sync {
-    /// The records to hand out, in order.
-    async fn decode(&self, records: Vec<(Record, Position)>) -> Vec<(Record, Position)>;
+    /// The records to hand out, in order; `None` when `cancel` cut it
+    /// short (the reader then hands out nothing of the page: a record it
+    /// dropped unread would otherwise be passed by the checkpoint).
+    async fn decode(
+        &self,
+        records: Vec<(Record, Position)>,
+        cancel: &CancellationToken,
+    ) -> Option<Vec<(Record, Position)>>;
 }
 
 /// What a fan-out reader asks of Kinesis: a subscription to a shard from
@@ -662,7 +668,10 @@ impl ShardReader {
             .is_some_and(|s| page.iter().any(|f| &f.sequence >= s.sequence()));
         let mut records = source.unpack(page, self.skip_through.as_ref(), &mut found);
         if let Some(decode) = &self.ctx.decode {
-            records = decode.decode(records).await;
+            match decode.decode(records, &self.cancel).await {
+                Some(decoded) => records = decoded,
+                None => return false,
+            }
         }
         if reached {
             self.skip_through = None;

@@ -1,16 +1,32 @@
-//! The supervisor: starts every subscription's [`Pipeline`] and the
-//! operations server, and shuts them down in order.
+//! The supervisor: starts the operations server and every subscription —
+//! its rollout stage, and its [`Pipeline`] while the stage says the
+//! fleet's version runs here — and shuts them down in order.
 //!
-//! Start-up validates everything before any record is read: every plugin is
-//! compiled, checked for its world and linked; each stream (and dead-letter
-//! stream) must exist; the lease store must open. A failure there returns
-//! one error naming the subscription and the reason.
+//! # Start-up
+//! 1. Every plugin of the config is compiled, checked for its world and
+//!    linked (no store is called: these are the config's own files).
+//! 2. The operations listeners are bound: `/healthz` answers from here on,
+//!    `/readyz` answers 503 with the reasons, `/metrics` serves, before
+//!    any store is called.
+//! 3. Each stream (and dead-letter stream, and output) must exist; the
+//!    lease store must open; the artifact store is opened.
+//! 4. Each subscription's task starts: its rollout stage reads the fleet's
+//!    versions and gets them, and the pipeline starts once the stage is
+//!    ready — never with a version the fleet did not name (see "The
+//!    fleet's version, or nothing" in `crate::rollout`).
 //!
-//! Once the injected `shutdown` future completes, every pipeline shuts down
-//! in its own order (see [`crate::pipeline`]: stop taking leases → readers
-//! stop → the channel closes → dispatch drains, within `shutdown_timeout` →
-//! final checkpoints → leases released), side by side; then the operations
-//! server stops. It answers `/healthz` until the end.
+//! A failure in 1–3 returns one error naming the subscription and the
+//! reason. A shutdown during start-up drops the call under way (nothing
+//! was read, no lease taken) and returns at once.
+//!
+//! # Shutdown
+//! Once the injected `shutdown` future completes, every subscription stops
+//! side by side: its rollout stage drops any fetch under way, and its
+//! pipeline shuts down in its own order (see [`crate::pipeline`]: stop
+//! taking leases → readers stop → the channel closes → dispatch drains →
+//! final checkpoints → leases released), bounded by `shutdown_timeout`
+//! whatever the stores and Kinesis do; then the operations server stops.
+//! It answers `/healthz` until the end.
 //!
 //! Floor 11 (the supervisor) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor and those below.
@@ -20,7 +36,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::{self, ArtifactStore};
@@ -34,7 +50,7 @@ use crate::lease::memory::MemoryLeaseStore;
 use crate::ops::{self, OpsState, Routes};
 use crate::pipeline::{Parts, Pipeline};
 use crate::plugin::{CompileCache, Plugin, PluginHost, World};
-use crate::rollout::Rollout;
+use crate::rollout::{Declaration, Readiness, Rollout};
 use crate::swap::PluginSlot;
 use crate::telemetry::Telemetry;
 
@@ -201,31 +217,13 @@ fn load_subscription(
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let telemetry = Telemetry::new();
     let (plugins, loaded) = load(&config, Some(telemetry.clone()))?;
-    let kinesis = Kinesis::connect(&config.aws).await;
-    let consumers = preflight(&kinesis, &loaded).await?;
-    let store = open_store(&config).await?;
-    let owner = config
-        .lease
-        .owner_id
-        .clone()
-        .map(OwnerId::new)
-        .unwrap_or_else(default_owner_id);
-    tracing::info!(owner = %owner, subscriptions = loaded.len(), "shardlane running");
-    let artifacts = open_artifacts(&config).await;
-    let shared = Shared {
-        config: &config,
-        plugins,
-        kinesis,
-        store,
-        artifacts,
-        owner,
-        telemetry: telemetry.clone(),
-    };
-    let (rollouts, pipelines) = start_pipelines(&shared, loaded, consumers).await;
+    // The operations listeners first: health, readiness and metrics answer
+    // before any store is called (readiness: not yet).
     let ops_stop = CancellationToken::new();
+    let (rollouts, made) = tokio::sync::watch::channel(None);
     let state = Arc::new(OpsState {
         telemetry: telemetry.clone(),
-        rollouts,
+        rollouts: made,
         token: config.admin.token.clone(),
     });
     let servers = listen(&config, &state, &ops_stop).await?;
@@ -237,10 +235,26 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             ops_stop.clone(),
         ))
     });
-
-    shutdown.await;
-    tracing::info!("shutting down: stopping readers, draining in-flight records");
-    let failed = stop_pipelines(pipelines).await;
+    tokio::pin!(shutdown);
+    // A shutdown during start-up drops whatever start-up call is under way:
+    // nothing was read, no lease taken.
+    let started = tokio::select! {
+        () = &mut shutdown => None,
+        started = start(&config, plugins, loaded, &telemetry) => Some(started),
+    };
+    let result = match started {
+        None => {
+            tracing::info!("shutting down during start-up: nothing was read");
+            Ok(())
+        }
+        Some(Err(e)) => Err(e),
+        Some(Ok(running)) => {
+            rollouts.send_replace(Some(Arc::new(running.rollouts.clone())));
+            shutdown.await;
+            tracing::info!("shutting down: stopping readers, draining in-flight records");
+            running.stop().await
+        }
+    };
     ops_stop.cancel();
     for server in servers {
         let _ = server.await;
@@ -249,9 +263,111 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         // Its last documents carry what the drain counted.
         let _ = emf.await;
     }
-    tracing::info!("shardlane stopped");
-    anyhow::ensure!(!failed, "a pipeline task failed during the run");
-    Ok(())
+    if result.is_ok() {
+        tracing::info!("shardlane stopped");
+    }
+    result
+}
+
+/// The subscriptions, running: each one's task ([`Runner`]) and rollout
+/// stage.
+struct Running {
+    stop: CancellationToken,
+    runners: Vec<JoinHandle<bool>>,
+    rollouts: BTreeMap<SubscriptionName, Arc<Rollout>>,
+    /// The longest `shutdown_timeout` of them.
+    shutdown_timeout: std::time::Duration,
+}
+
+impl Running {
+    /// Stops every subscription in its order, side by side, within the
+    /// longest `shutdown_timeout` (each pipeline bounds its own stop by
+    /// its own; a task still running past that, and a moment more, is cut).
+    ///
+    /// # Errors
+    /// When one of their tasks failed or had to be cut.
+    async fn stop(self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        let bound = self.shutdown_timeout + STOP_MARGIN;
+        let mut runners = self.runners;
+        let joined = tokio::time::timeout(bound, async {
+            let mut ok = true;
+            for runner in &mut runners {
+                ok &= runner.await.unwrap_or(false);
+            }
+            ok
+        })
+        .await;
+        let ok = joined.unwrap_or_else(|_| {
+            tracing::error!(
+                ?bound,
+                "a subscription was still stopping past its shutdown_timeout: cut"
+            );
+            runners.iter().for_each(JoinHandle::abort);
+            false
+        });
+        anyhow::ensure!(ok, "a pipeline task failed or was cut during the run");
+        Ok(())
+    }
+}
+
+/// What the supervisor waits beyond the longest `shutdown_timeout` before
+/// it cuts a subscription still stopping (each bounds its own stop).
+const STOP_MARGIN: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Start-up after the listeners: the streams checked, the lease and
+/// artifact stores opened, and every subscription's task started.
+///
+/// # Errors
+/// A stream that does not exist, a consumer that cannot be registered, a
+/// lease store that cannot be opened.
+async fn start(
+    config: &Config,
+    plugins: PluginHost,
+    loaded: Vec<LoadedSubscription>,
+    telemetry: &Arc<Telemetry>,
+) -> anyhow::Result<Running> {
+    let kinesis = Kinesis::connect(&config.aws).await;
+    let mut consumers = preflight(&kinesis, &loaded).await?;
+    let store = open_store(config).await?;
+    let owner = config
+        .lease
+        .owner_id
+        .clone()
+        .map(OwnerId::new)
+        .unwrap_or_else(default_owner_id);
+    let artifacts = open_artifacts(config).await.map(Arc::new);
+    tracing::info!(owner = %owner, subscriptions = loaded.len(), "shardlane running");
+    let stop = CancellationToken::new();
+    let mut running = Running {
+        stop: stop.clone(),
+        runners: Vec::new(),
+        rollouts: BTreeMap::new(),
+        shutdown_timeout: std::time::Duration::ZERO,
+    };
+    for loaded in loaded {
+        let runner = Runner::new(
+            loaded,
+            Shared {
+                config,
+                plugins: &plugins,
+                kinesis: &kinesis,
+                store: &store,
+                artifacts: &artifacts,
+                owner: &owner,
+                telemetry,
+            },
+            &mut consumers,
+        );
+        running.shutdown_timeout = running.shutdown_timeout.max(runner.sub.shutdown_timeout);
+        running
+            .rollouts
+            .insert(runner.sub.name.clone(), runner.rollout.clone());
+        running
+            .runners
+            .push(tokio::spawn(runner.run(stop.child_token())));
+    }
+    Ok(running)
 }
 
 /// Before anything is read: every stream a subscription names (its own,
@@ -293,82 +409,143 @@ async fn preflight(
     Ok(consumers)
 }
 
-/// What every pipeline of the process shares.
+/// What every subscription of the process shares, as start-up made it.
 struct Shared<'a> {
     config: &'a Config,
-    plugins: PluginHost,
+    plugins: &'a PluginHost,
+    kinesis: &'a Kinesis,
+    store: &'a Arc<dyn LeaseStore>,
+    artifacts: &'a Option<Arc<ArtifactStore>>,
+    owner: &'a OwnerId,
+    telemetry: &'a Arc<Telemetry>,
+}
+
+/// Opens the artifact store of `config` (see `crate::artifacts`, "Kinds"):
+/// `[artifacts] location`, or the lease store's own; `None` for a
+/// DynamoDB fleet without `location`.
+pub(crate) async fn open_artifacts(config: &Config) -> Option<ArtifactStore> {
+    let store = artifacts::open(&config.artifacts, &config.lease.store, |timeouts| {
+        kinesis::s3_client(&config.aws, timeouts)
+    })
+    .await?;
+    tracing::info!(artifacts = %store.location(), "plugin versions are kept in the artifact store");
+    Some(store)
+}
+
+/// One subscription's task: its rollout stage, and its pipeline while the
+/// stage says the fleet's version runs here (see "The fleet's version, or
+/// nothing" in `crate::rollout`).
+struct Runner {
+    sub: Arc<SubscriptionConfig>,
+    slot: Arc<PluginSlot>,
+    rollout: Arc<Rollout>,
     kinesis: Kinesis,
+    fan_out: Option<ConsumerArn>,
     store: Arc<dyn LeaseStore>,
-    artifacts: Option<Arc<dyn ArtifactStore>>,
+    lease: crate::config::LeaseConfig,
     owner: OwnerId,
     telemetry: Arc<Telemetry>,
 }
 
-/// Opens the artifact store `[artifacts] location` names, if any.
-pub(crate) async fn open_artifacts(config: &Config) -> Option<Arc<dyn ArtifactStore>> {
-    let location = config.artifacts.as_ref()?;
-    let store = artifacts::open(location, || kinesis::s3_client(&config.aws)).await;
-    tracing::info!(artifacts = %location, "plugin versions are kept in the artifact store");
-    Some(Arc::from(store))
-}
-
-/// Starts a pipeline per subscription, each with its plugin slot and
-/// rollout stage (which first makes the slot run the fleet's versions);
-/// returns the rollout stages by subscription (for the admin API) and the
-/// pipelines.
-async fn start_pipelines(
-    shared: &Shared<'_>,
-    loaded: Vec<LoadedSubscription>,
-    mut consumers: BTreeMap<SubscriptionName, ConsumerArn>,
-) -> (BTreeMap<SubscriptionName, Arc<Rollout>>, Vec<Pipeline>) {
-    let mut rollouts = BTreeMap::new();
-    let mut pipelines = Vec::new();
-    for LoadedSubscription {
-        config: sub,
-        plugin,
-        canary,
-    } in loaded
-    {
+impl Runner {
+    fn new(
+        loaded: LoadedSubscription,
+        shared: Shared<'_>,
+        consumers: &mut BTreeMap<SubscriptionName, ConsumerArn>,
+    ) -> Self {
+        let LoadedSubscription {
+            config: sub,
+            plugin,
+            canary,
+        } = loaded;
         let status = shared.telemetry.subscription(&sub.name, sub.mode());
-        let mut slot = PluginSlot::new(
+        let slot = Arc::new(PluginSlot::new(
             shared.plugins.clone(),
             plugin,
             sub.handler_timeout,
             sub.sandbox.clone(),
             status,
             shared.telemetry.clone(),
-        );
-        let config_canary = sub.canary.as_ref().map(|c| (c.slice, c.rules.clone()));
-        if let (Some(candidate), Some((slice, _))) = (canary, &config_canary) {
-            slot = slot.with_canary(candidate, *slice);
-        }
-        let slot = Arc::new(slot);
+        ));
+        let declaration = Declaration {
+            stable: slot.current(),
+            canary: canary
+                .zip(sub.canary.as_ref())
+                .map(|(candidate, c)| (Arc::new(candidate), c.slice, c.rules.clone())),
+            lone: !matches!(shared.config.lease.store, LeaseBackend::DynamoDb { .. }),
+        };
         let rollout = Arc::new(Rollout::new(
             slot.clone(),
-            sub.stream.clone(),
             shared.store.clone(),
             shared.artifacts.clone(),
-            shared.owner.to_string(),
-            &shared.telemetry,
+            shared.owner.clone(),
+            declaration,
+            shared.telemetry,
         ));
-        rollout.start(config_canary).await;
-        rollouts.insert(sub.name.clone(), rollout.clone());
-        pipelines.push(Pipeline::start(Parts {
+        Self {
             fan_out: consumers.remove(&sub.name),
-            subscription: sub,
+            sub,
             slot,
-            rollout: Some(rollout),
+            rollout,
             kinesis: shared.kinesis.clone(),
             store: shared.store.clone(),
             lease: shared.config.lease.clone(),
             owner: shared.owner.clone(),
             telemetry: shared.telemetry.clone(),
+        }
+    }
+
+    fn parts(&self) -> Parts {
+        Parts {
+            subscription: self.sub.clone(),
+            slot: self.slot.clone(),
+            kinesis: self.kinesis.clone(),
+            fan_out: self.fan_out.clone(),
+            store: self.store.clone(),
+            lease: self.lease.clone(),
+            owner: self.owner.clone(),
+            telemetry: self.telemetry.clone(),
             range: None,
             effects: None,
             decode: None,
-        }));
+        }
     }
-    (rollouts, pipelines)
+
+    /// Runs the rollout stage until `stop`, and the pipeline whenever the
+    /// stage is ready: started when it becomes ready, stopped at once
+    /// (leases released) when it no longer is, stopped in order at `stop`.
+    /// False when a pipeline task failed.
+    async fn run(self, stop: CancellationToken) -> bool {
+        let rollout = tokio::spawn(self.rollout.clone().run(stop.clone()));
+        let mut readiness = self.rollout.readiness();
+        let mut ok = true;
+        loop {
+            let ready = tokio::select! {
+                () = stop.cancelled() => false,
+                ready = readiness.wait_for(Readiness::is_ready) => ready.is_ok(),
+            };
+            if !ready {
+                break;
+            }
+            let pipeline = Pipeline::start(self.parts());
+            let stopping = tokio::select! {
+                () = stop.cancelled() => true,
+                _ = readiness.wait_for(|r| !r.is_ready()) => false,
+            };
+            if stopping {
+                ok &= pipeline.shutdown().await;
+                break;
+            }
+            let why = match &*readiness.borrow() {
+                Readiness::Waiting(why) => why.clone(),
+                Readiness::Ready => String::new(),
+            };
+            tracing::error!(subscription = %self.sub.name, why, "the subscription stops here: in-flight records are left for the next owner, leases released, until the fleet's version can run here");
+            ok &= pipeline.stop_now().await;
+        }
+        let _ = rollout.await;
+        ok
+    }
 }
 
 /// Binds the operations listeners the config asks for (one serving
@@ -405,20 +582,6 @@ async fn listen(
         )));
     }
     Ok(servers)
-}
-
-/// Shuts every pipeline down in its order, side by side; true when one of
-/// their tasks failed.
-async fn stop_pipelines(pipelines: Vec<Pipeline>) -> bool {
-    let mut stopping = JoinSet::new();
-    for pipeline in pipelines {
-        stopping.spawn(pipeline.shutdown());
-    }
-    let mut failed = false;
-    while let Some(stopped) = stopping.join_next().await {
-        failed |= !stopped.unwrap_or(false);
-    }
-    failed
 }
 
 /// Opens the configured lease store.

@@ -83,6 +83,17 @@ use crate::telemetry::{SubscriptionStatus, Telemetry};
 /// and copies write in several steps.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
+/// The versions the fleet says to run, got and compiled: what
+/// [`PluginSlot::set`] installs.
+pub(crate) struct Installed {
+    /// The stable version.
+    pub stable: Arc<Plugin>,
+    /// A canary: its candidate, slice and identity.
+    pub canary: Option<(Arc<Plugin>, KeySlice, u64)>,
+    /// A shadow candidate and its identity.
+    pub shadow: Option<(Arc<Plugin>, u64)>,
+}
+
 /// What lanes instantiate from.
 #[derive(Clone)]
 struct Versions {
@@ -139,13 +150,6 @@ impl PluginSlot {
         slot
     }
 
-    /// Starts with `candidate` handling the keys in `slice` (the config's
-    /// `canary`).
-    pub(crate) fn with_canary(self, candidate: Plugin, slice: KeySlice) -> Self {
-        self.install_canary(Arc::new(candidate), slice);
-        self
-    }
-
     fn versions(&self) -> Versions {
         self.versions
             .read()
@@ -159,16 +163,6 @@ impl PluginSlot {
         *self.versions.write().unwrap_or_else(|e| e.into_inner()) = versions;
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.publish();
-    }
-
-    fn install_canary(&self, plugin: Arc<Plugin>, slice: KeySlice) {
-        let canary = Canary::new(plugin, slice, &self.telemetry, self.subscription.as_str());
-        let now = self.versions();
-        self.install(Versions {
-            stable: now.stable,
-            canary: Some(canary),
-            shadow: now.shadow,
-        });
     }
 
     /// The stable version.
@@ -285,6 +279,46 @@ impl PluginSlot {
             .map(Arc::new)
     }
 
+    /// Version `digest` from the compile cache alone (see
+    /// `PluginHost::load_cached`), checked as [`Self::prepare`] checks new
+    /// bytes; `shadow`: compiled as a shadow candidate. `None` when the
+    /// cache has no usable entry of it, or the entry fails a check
+    /// (logged).
+    pub(crate) async fn cached(&self, digest: &PluginDigest, shadow: bool) -> Option<Arc<Plugin>> {
+        let mut sandbox = self.sandbox.clone();
+        if shadow && let Some(http) = &mut Arc::make_mut(&mut sandbox.grants).http {
+            http.safe_methods_only = true;
+        }
+        let stable = self.current();
+        let host = self.host.clone();
+        let (path, sub, timeout, wanted) = (
+            self.path.clone(),
+            self.subscription.clone(),
+            self.handler_timeout,
+            digest.clone(),
+        );
+        let loaded = tokio::task::spawn_blocking(move || {
+            host.load_cached(&path, &wanted, sub, timeout, sandbox)
+        })
+        .await;
+        match loaded {
+            Ok(Ok(Some(plugin))) if plugin.world() == stable.world() => Some(Arc::new(plugin)),
+            Ok(Ok(None)) => None,
+            Ok(Ok(Some(plugin))) => {
+                tracing::warn!(subscription = %self.subscription, digest = %digest, world = %plugin.world(), running = %stable.world(), "the compile cache's entry implements another world; not used");
+                None
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(subscription = %self.subscription, digest = %digest, error = %e, "the compile cache's entry cannot be used");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(subscription = %self.subscription, digest = %digest, error = %e, "loading from the compile cache failed");
+                None
+            }
+        }
+    }
+
     /// The running shadow's candidate and counters, if one runs.
     pub(crate) fn shadow(&self) -> Option<(PluginDigest, [u64; 5])> {
         self.versions()
@@ -297,36 +331,28 @@ impl PluginSlot {
         self.versions().canary.as_ref().map(Canary::counts)
     }
 
-    /// What runs: the stable version, and the canary's candidate with its
-    /// slice.
-    pub(crate) fn running(&self) -> (Arc<Plugin>, Option<(Arc<Plugin>, KeySlice)>) {
-        let versions = self.versions();
-        (
-            versions.stable,
-            versions.canary.map(|c| (c.plugin.clone(), c.slice)),
-        )
-    }
-
-    /// Installs `stable` and `canary` (as the fleet's versions say), moving
-    /// the generation on only when something changed: lanes switch at
-    /// their next boundary, as in a hot swap. A canary of the same candidate
-    /// and slice keeps its counters. `since` is when the change began here
-    /// (its fetch and compile included), for the log line.
-    pub(crate) async fn set(
-        &self,
-        stable: Arc<Plugin>,
-        canary: Option<(Arc<Plugin>, KeySlice)>,
-        shadow: Option<Arc<Plugin>>,
-        origin: &str,
-        since: Instant,
-    ) {
+    /// Installs `installed` (as the fleet's versions say), moving the
+    /// generation on only when something changed: lanes switch at their
+    /// next boundary, as in a hot swap. A canary (or shadow) of the same
+    /// identity keeps its counters; one of another identity starts afresh
+    /// even with the same bytes (a canary deployed again). `since` is when
+    /// the change began here (its fetch and compile included), for the log
+    /// line.
+    pub(crate) async fn set(&self, installed: Installed, origin: &str, since: Instant) {
         let _one_at_a_time = self.swapping.lock().await;
+        let Installed {
+            stable,
+            canary,
+            shadow,
+        } = installed;
         let now = self.versions();
         let same_stable = now.stable.digest() == stable.digest();
-        let same_shadow =
-            now.shadow.as_ref().map(shadow::Shadow::digest) == shadow.as_ref().map(|p| p.digest());
+        let same_shadow = now.shadow.as_ref().map(|s| (s.digest(), s.id))
+            == shadow.as_ref().map(|(p, id)| (p.digest(), *id));
         let kept = match (&now.canary, &canary) {
-            (Some(c), Some((p, slice))) if c.plugin.digest() == p.digest() && c.slice == *slice => {
+            (Some(c), Some((p, slice, id)))
+                if c.plugin.digest() == p.digest() && c.slice == *slice && c.id == *id =>
+            {
                 Some(Some(c.clone()))
             }
             (None, None) => Some(None),
@@ -338,43 +364,67 @@ impl PluginSlot {
         let shadow = if same_shadow {
             now.shadow.clone()
         } else {
-            if let Some(p) = &shadow {
-                tracing::info!(subscription = %self.subscription, origin, shadow = %p.digest(), "shadow started: every record goes to the candidate after the live version; its effects are compared, never applied");
-            } else {
-                tracing::info!(subscription = %self.subscription, origin, "shadow ended");
-            }
-            shadow.map(|p| {
-                shadow::Shadow::start(
-                    p,
-                    shadow::ShadowCounters::new(&self.telemetry, self.subscription.as_str()),
-                )
-            })
+            self.start_shadow(shadow, origin)
         };
-        if same_stable && kept.is_some() {
-            let canary = kept.flatten();
-            self.install(Versions {
-                stable,
-                canary,
-                shadow,
-            });
-            return;
-        }
         let canary = match kept {
             Some(kept) => kept,
-            None => canary.map(|(plugin, slice)| {
-                Canary::new(plugin, slice, &self.telemetry, self.subscription.as_str())
+            None => canary.map(|(plugin, slice, id)| {
+                Canary::new(
+                    plugin,
+                    slice,
+                    id,
+                    &self.telemetry,
+                    self.subscription.as_str(),
+                )
             }),
         };
-        let (old, new) = (now.stable.digest().clone(), stable.digest().clone());
         let old_candidate = now.canary.as_ref().map(|c| c.plugin.digest().clone());
         let new_candidate = canary
             .as_ref()
             .map(|c| (c.plugin.digest().clone(), c.slice));
+        let old = now.stable.digest().clone();
         self.install(Versions {
             stable,
             canary,
             shadow,
         });
+        if same_stable && old_candidate.as_ref() == new_candidate.as_ref().map(|(d, _)| d) {
+            return;
+        }
+        self.log_change(&old, old_candidate, new_candidate, origin, since);
+    }
+
+    /// The shadow task of `shadow`, started (or `None`), logged.
+    fn start_shadow(
+        &self,
+        shadow: Option<(Arc<Plugin>, u64)>,
+        origin: &str,
+    ) -> Option<shadow::Shadow> {
+        if let Some((p, _)) = &shadow {
+            tracing::info!(subscription = %self.subscription, origin, shadow = %p.digest(), "shadow started: every record goes to the candidate after the live version; its effects are compared, never applied");
+        } else {
+            tracing::info!(subscription = %self.subscription, origin, "shadow ended");
+        }
+        shadow.map(|(p, id)| {
+            shadow::Shadow::start(
+                p,
+                id,
+                shadow::ShadowCounters::new(&self.telemetry, self.subscription.as_str()),
+            )
+        })
+    }
+
+    /// Logs a change of the stable version or the canary.
+    fn log_change(
+        &self,
+        old: &PluginDigest,
+        old_candidate: Option<PluginDigest>,
+        new_candidate: Option<(PluginDigest, KeySlice)>,
+        origin: &str,
+        since: Instant,
+    ) {
+        let new = self.current().digest().clone();
+        let same_stable = old == &new;
         let live_after_ms = since.elapsed().as_millis() as u64;
         let sub = &self.subscription;
         match (old_candidate, new_candidate) {
@@ -478,25 +528,14 @@ impl PluginSlot {
 
 /// Reads the plugin file as [`files::read_regular`] does (a regular file, at
 /// most [`files::MAX_PLUGIN_BYTES`], never blocking on the open), on a thread
-/// of its own.
-///
-/// Not tokio's blocking pool: a read stuck in the kernel (a hung network
-/// filesystem) would hold that pool's thread, and the runtime waits for its
-/// threads when it shuts down. This thread owns nothing but the read; the
-/// watcher stops waiting for it at shutdown, and it ends with the process.
+/// of its own ([`files::on_thread`]): the watcher stops waiting for it at
+/// shutdown, and a read stuck in the kernel ends with the process.
 async fn read_plugin_file(path: PathBuf) -> std::io::Result<Vec<u8>> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("plugin-read".into())
-        .spawn(move || {
-            let _ = tx.send(files::read_regular(&path, files::MAX_PLUGIN_BYTES));
-        })?;
-    match rx.await {
-        Ok(read) => read.map_err(Into::into),
-        Err(_) => Err(std::io::Error::other(
-            "the reading thread ended without a result",
-        )),
-    }
+    files::on_thread("plugin-read", move || {
+        files::read_regular(&path, files::MAX_PLUGIN_BYTES)
+    })
+    .await?
+    .map_err(Into::into)
 }
 
 fn folder_of(path: &Path) -> PathBuf {

@@ -318,6 +318,18 @@ impl Telemetry {
         !subs.is_empty() && subs.iter().all(|(_, s)| s.ready())
     }
 
+    /// Why not ready, one line per subscription that is not (or that none
+    /// runs yet: the host is starting); empty when ready.
+    pub(crate) fn not_ready(&self) -> Vec<String> {
+        let subs = self.subscriptions();
+        if subs.is_empty() {
+            return vec!["starting: no subscription runs yet".to_owned()];
+        }
+        subs.iter()
+            .filter_map(|(name, s)| s.not_ready().map(|why| format!("{name}: {why}")))
+            .collect()
+    }
+
     /// Runs `collect` before each render (e.g. to read a channel's fill).
     pub(crate) fn on_render(&self, collect: impl Fn() + Send + 'static) {
         self.collectors

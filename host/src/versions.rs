@@ -11,21 +11,41 @@
 //! write is refused, read again and applied to what the first left (or
 //! refused by the rules, e.g. a second canary while one runs).
 //!
-//! # Which wins: the config's `plugin` or a command
-//! Both ways of working hold (README, "Shipping a new version"):
-//! - **Declarative.** An instance that starts with a config whose `plugin`
-//!   holds bytes this subscription has never declared (the team changed the
-//!   file and rolled its pods) records them as a deploy ([`Action::Declared`])
-//!   and the whole fleet follows.
-//! - **Imperative.** `shardlane deploy`, `promote`, `rollback` and the admin
-//!   API change the stored value; every instance follows.
+//! # The config's `plugin`: a declaration, never a fallback
+//! - **A fleet** (the DynamoDB store, shared): an instance that starts on
+//!   a subscription whose fleet has no version yet records its config's
+//!   `plugin` (and `canary`) as the first ([`Action::Declared`]); from
+//!   then on versions change only by an act — `shardlane deploy`,
+//!   `promote`, `rollback`, the admin API, or the plugin file changing
+//!   under a running host — so a restart, a pod of an older release or a
+//!   stray instance with other bytes never moves the fleet. One whose
+//!   config names other bytes than the fleet runs says so.
+//! - **A lone host** (the memory or file store, which one host holds): it
+//!   is its whole fleet, and its config is how it is told. Bytes its
+//!   config never declared before are recorded as a deploy (a config
+//!   change wins over a canary under way); bytes declared before change
+//!   nothing, so a restart never undoes an admin API deploy, and a config
+//!   change is never lost ([`FleetVersions::declared`] remembers them).
 //!
-//! A config's bytes are declared once: an instance that starts with bytes
-//! declared before (an old pod restarting in the middle of a rollout, or a
-//! config never changed while commands deployed since) runs what the store
-//! says, and logs that its config's plugin is not what runs. So a command's
-//! deploy is never undone by a restart, and a config change is never lost:
-//! the newest act wins, whichever way it came.
+//! Either way a config's `plugin` is never a fallback: an instance runs
+//! the fleet's versions or nothing (see `crate::rollout`).
+//!
+//! # No version without its bytes, and one store
+//! A change that brings a version ([`Stored`]: deploy, canary, shadow,
+//! declaration) names the artifact store its bytes were stored in (and
+//! read back from). The first such change records that store as the
+//! fleet's ([`FleetVersions::artifacts`]); every later one must name the
+//! same, so a deploy through a store the instances do not read is refused
+//! ([`VersionsError::OtherStore`]) instead of recorded and never run.
+//!
+//! # Every rollout has an identity
+//! Each change moves [`FleetVersions::revision`] on; a canary or a shadow
+//! is known by the revision that started it ([`CanaryPlan::id`],
+//! [`FleetVersions::shadow_id`]). Counts carry the canary's id
+//! ([`CanaryCounts::rollout`]), and an automatic decision names it: a
+//! decision about an earlier canary — even one of the same bytes,
+//! deployed again since — is refused by the rules and by the conditional
+//! write (see `crate::rollout`, "A canary that decides").
 //!
 //! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor.
@@ -40,7 +60,7 @@ use crate::ids::PluginDigest;
 /// a DynamoDB item holds at most 400 KB, and an entry is ~300 bytes.
 pub(crate) const HISTORY_KEPT: usize = 200;
 
-/// Config digests remembered as declared (see the module docs).
+/// Config digests remembered as declared (see "The config's `plugin`").
 pub(crate) const DECLARED_KEPT: usize = 256;
 
 /// The fleet's versions of one subscription (see the module docs).
@@ -57,17 +77,51 @@ pub struct FleetVersions {
     /// effects are compared and never applied.
     #[serde(default)]
     pub shadow: Option<PluginDigest>,
-    /// Digests that configs' `plugin` declared, oldest first.
+    /// The revision that started the shadow (its identity).
+    #[serde(default)]
+    pub shadow_id: u64,
+    /// Digests that configs' `plugin` (or `canary`) declared, oldest
+    /// first (the last [`DECLARED_KEPT`]).
     #[serde(default)]
     pub declared: Vec<PluginDigest>,
+    /// The artifact store every version's bytes are in (its location, as
+    /// `crate::artifacts` names it); `None` before the first version
+    /// stored in one (module docs, "No version without its bytes").
+    #[serde(default)]
+    pub artifacts: Option<String>,
     /// Every change, oldest first (the last [`HISTORY_KEPT`]).
     #[serde(default)]
     pub history: Vec<Change>,
 }
 
+/// A version a change brings: its digest, and the artifact store its
+/// bytes were stored in and read back from (`None`: none; only the first
+/// declaration of a fleet without a store may bring that).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The version.
+    pub digest: PluginDigest,
+    /// The store's location.
+    pub location: Option<String>,
+}
+
+impl From<PluginDigest> for Stored {
+    /// A version in no store.
+    fn from(digest: PluginDigest) -> Self {
+        Self {
+            digest,
+            location: None,
+        }
+    }
+}
+
 /// A running canary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CanaryPlan {
+    /// Its identity: the revision of the fleet's versions that started
+    /// it.
+    #[serde(default)]
+    pub id: u64,
     /// The candidate version.
     pub candidate: PluginDigest,
     /// The fraction of partition keys it takes (a hash of the key, so every
@@ -96,12 +150,15 @@ pub struct CanaryRules {
     pub promote_after_ms: Option<u64>,
 }
 
-/// What one instance counted of a canary since it began running it there:
-/// records handled by each version and how many failed (retry, reject,
-/// trap or timeout). Each instance publishes its own with its heartbeat;
-/// a decision sums every instance's.
+/// What one instance counted of a canary: records handled by each version
+/// and how many failed (retry, reject, trap or timeout). Each instance
+/// keeps its own in the lease store, where they outlive the process; a
+/// decision sums every instance's of the same canary.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CanaryCounts {
+    /// The canary counted ([`CanaryPlan::id`]).
+    #[serde(default)]
+    pub rollout: u64,
     /// The candidate counted.
     pub candidate: Option<PluginDigest>,
     /// Records the stable version handled while the canary ran.
@@ -142,24 +199,6 @@ impl CanaryCounts {
             self.stable_records,
             100.0 * Self::rate(self.stable_failures, self.stable_records),
         )
-    }
-}
-
-/// This instance's canary counts as the rollout stage last read them, for
-/// its heartbeat to carry (a cell both share: written on the rollout's
-/// poll, read at each heartbeat).
-#[derive(Debug, Default)]
-pub(crate) struct CanaryReport(std::sync::Mutex<Option<CanaryCounts>>);
-
-impl CanaryReport {
-    /// Replaces the counts (`None`: no canary runs here).
-    pub(crate) fn set(&self, counts: Option<CanaryCounts>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = counts;
-    }
-
-    /// The counts last set.
-    pub(crate) fn get(&self) -> Option<CanaryCounts> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -215,6 +254,9 @@ impl CanaryPlan {
 /// One entry of the history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Change {
+    /// The revision it made.
+    #[serde(default)]
+    pub revision: u64,
     /// When (ms since the Unix epoch).
     pub at_ms: u64,
     /// Which instance or command (`cli@<hostname>`, an owner id).
@@ -282,31 +324,23 @@ impl fmt::Display for Action {
 /// A change asked for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
-    /// Make `digest` the stable version.
-    Deploy(PluginDigest),
-    /// A config's `plugin` holds `digest` (see the module docs).
-    Declare(PluginDigest),
-    /// A config's `canary` names `candidate` on `key_fraction` of the keys:
-    /// declared once, as `plugin` is.
-    DeclareCanary {
-        /// The candidate.
-        candidate: PluginDigest,
-        /// Its share of the keys.
-        key_fraction: f64,
-        /// Its rules.
-        rules: CanaryRules,
+    /// Make a version the stable one.
+    Deploy(Stored),
+    /// A config's `plugin` (and `canary`): the first versions of an empty
+    /// fleet, or, on a host that is its whole fleet (`lone`), bytes its
+    /// config never declared before (see the module docs).
+    Declare {
+        /// The config's `plugin`.
+        stable: Stored,
+        /// The config's `canary`, when it names one.
+        canary: Option<CanaryStart>,
+        /// The host is the whole fleet (a memory or file lease store).
+        lone: bool,
     },
     /// Start a canary.
-    Canary {
-        /// The candidate.
-        candidate: PluginDigest,
-        /// Its share of the keys, in (0, 1).
-        key_fraction: f64,
-        /// Its rules.
-        rules: CanaryRules,
-    },
+    Canary(CanaryStart),
     /// Start (or replace) a shadow candidate.
-    Shadow(PluginDigest),
+    Shadow(Stored),
     /// Stop the shadow candidate.
     EndShadow,
     /// Make the canary's candidate stable.
@@ -319,22 +353,27 @@ pub enum Command {
         /// The version to go back to.
         to: Option<PluginDigest>,
     },
-    /// The canary's rule decided: promote `candidate` (only if it is still
-    /// the candidate).
-    AutoPromote {
-        /// The candidate the decision is about.
-        candidate: PluginDigest,
+    /// A canary's rules decided (see [`CanaryPlan::decide`]): applied only
+    /// to the canary `rollout` itself, never to a later one.
+    Decided {
+        /// The canary decided about ([`CanaryPlan::id`]).
+        rollout: u64,
+        /// Promote it (else roll it back).
+        promote: bool,
         /// The figures.
         note: String,
     },
-    /// The canary's rule decided: drop `candidate` (only if it is still the
-    /// candidate).
-    AutoRollback {
-        /// The candidate the decision is about.
-        candidate: PluginDigest,
-        /// The figures.
-        note: String,
-    },
+}
+
+/// A canary to start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CanaryStart {
+    /// The candidate.
+    pub candidate: Stored,
+    /// Its share of the keys, in (0, 1).
+    pub key_fraction: f64,
+    /// Its rules.
+    pub rules: CanaryRules,
 }
 
 /// Why a change was refused.
@@ -346,6 +385,9 @@ pub enum VersionsError {
     /// Promote or an automatic decision without (that) canary.
     #[error("no canary runs")]
     NoCanary,
+    /// A decision about a canary that is no longer the one running.
+    #[error("the canary decided about (revision {0}) no longer runs")]
+    OtherCanary(u64),
     /// A canary or rollback with no stable version to compare with or go
     /// back to.
     #[error("no version has been deployed yet")]
@@ -359,8 +401,18 @@ pub enum VersionsError {
     /// A key fraction out of range.
     #[error("key fraction {0} is out of range: from 0 to 1, both excluded")]
     Fraction(f64),
+    /// The version's bytes are in another store than the fleet's.
+    #[error(
+        "the fleet's versions are kept in {fleet}, but this version was stored in {given}: every instance fetches from {fleet}; deploy with the fleet's [artifacts] location"
+    )]
+    OtherStore {
+        /// The fleet's store.
+        fleet: String,
+        /// Where this version was stored (`none` without a store).
+        given: String,
+    },
     /// Nothing to change (the version is the one that runs already, or a
-    /// config's bytes were declared before).
+    /// fleet that has versions is declared to).
     #[error("nothing to change: {0}")]
     Unchanged(String),
 }
@@ -377,6 +429,9 @@ pub(crate) fn check_fraction(key_fraction: f64) -> Result<(), VersionsError> {
     }
 }
 
+/// What a change did: its action, the version it names, its note.
+type Done = (Action, PluginDigest, String);
+
 impl FleetVersions {
     /// The value after `command` by `by` at `now_ms`, with the revision
     /// moved on and the change recorded.
@@ -385,84 +440,26 @@ impl FleetVersions {
     /// When the rules refuse the change (see [`VersionsError`]).
     pub fn apply(&self, command: Command, by: &str, now_ms: u64) -> Result<Self, VersionsError> {
         let mut next = self.clone();
+        next.revision = self.revision + 1;
         let (action, digest, note) = match command {
-            Command::Deploy(digest) => {
-                self.no_canary()?;
-                if self.stable.as_ref() == Some(&digest) {
-                    return Err(VersionsError::Unchanged(format!("{digest} runs already")));
-                }
-                next.stable = Some(digest.clone());
-                (Action::Deploy, digest, String::new())
-            }
-            Command::Declare(digest) => {
-                if self.declared.contains(&digest) {
-                    return Err(VersionsError::Unchanged(format!(
-                        "{digest} was declared before"
-                    )));
-                }
-                next.remember_declared(digest.clone());
-                if let Some(canary) = &self.canary {
-                    // A config change wins over a canary under way: the
-                    // team rolled new pods; the canary is dropped.
-                    next.canary = None;
-                    next.record(
-                        now_ms,
-                        by,
-                        Action::CanaryRollback,
-                        canary.candidate.clone(),
-                        "the config's plugin changed",
-                    );
-                }
-                next.stable = Some(digest.clone());
-                (Action::Declared, digest, "the config's plugin".to_owned())
-            }
-            Command::DeclareCanary {
-                candidate,
-                key_fraction,
-                rules,
+            Command::Deploy(stored) => next.deploy(stored)?,
+            Command::Declare {
+                stable,
+                canary,
+                lone,
             } => {
-                if self.declared.contains(&candidate) {
-                    return Err(VersionsError::Unchanged(format!(
-                        "{candidate} was declared before"
-                    )));
-                }
-                let mut next = self.apply(
-                    Command::Canary {
-                        candidate: candidate.clone(),
-                        key_fraction,
-                        rules,
-                    },
-                    by,
-                    now_ms,
-                )?;
-                next.remember_declared(candidate);
-                return Ok(next);
+                return if lone {
+                    next.declare_lone(stable, canary, by, now_ms)
+                } else {
+                    next.declare(stable, canary, by, now_ms)
+                };
             }
-            Command::Canary {
-                candidate,
-                key_fraction,
-                rules,
-            } => {
-                check_fraction(key_fraction)?;
-                self.no_canary()?;
-                if self.stable.is_none() {
-                    return Err(VersionsError::NothingDeployed);
-                }
-                next.canary = Some(CanaryPlan {
-                    candidate: candidate.clone(),
-                    key_fraction,
-                    since_ms: now_ms,
-                    rules,
-                });
-                (
-                    Action::Canary,
-                    candidate,
-                    format!("{:.1} % of keys", key_fraction * 100.0),
-                )
-            }
-            Command::Shadow(digest) => {
-                next.shadow = Some(digest.clone());
-                (Action::Shadow, digest, String::new())
+            Command::Canary(start) => next.start_canary(start, now_ms)?,
+            Command::Shadow(stored) => {
+                next.stored_in(&stored)?;
+                next.shadow = Some(stored.digest.clone());
+                next.shadow_id = next.revision;
+                (Action::Shadow, stored.digest, String::new())
             }
             Command::EndShadow => {
                 let digest = next.shadow.take().ok_or_else(|| {
@@ -479,54 +476,196 @@ impl FleetVersions {
                 let canary = next.canary.take().ok_or(VersionsError::NoCanary)?;
                 (Action::CanaryRollback, canary.candidate, String::new())
             }
-            Command::AutoPromote { candidate, note } => {
-                next.candidate_is(&candidate)?;
-                next.canary = None;
-                next.stable = Some(candidate.clone());
-                (Action::AutoPromote, candidate, note)
-            }
-            Command::AutoRollback { candidate, note } => {
-                next.candidate_is(&candidate)?;
-                next.canary = None;
-                (Action::AutoRollback, candidate, note)
-            }
-            Command::Rollback { to } => match (&self.canary, to) {
-                (Some(canary), None) => {
-                    next.canary = None;
-                    (
-                        Action::CanaryRollback,
-                        canary.candidate.clone(),
-                        String::new(),
-                    )
-                }
-                (Some(canary), Some(_)) => {
-                    return Err(VersionsError::CanaryRunning(canary.candidate.clone()));
-                }
-                (None, to) => {
-                    let stable = self.stable.clone().ok_or(VersionsError::NothingDeployed)?;
-                    let to = match to {
-                        Some(to) if to == stable => {
-                            return Err(VersionsError::Unchanged(format!("{to} runs already")));
-                        }
-                        Some(to) if self.was_stable(&to) => to,
-                        Some(to) => return Err(VersionsError::Unknown(to)),
-                        None => self.earlier(&stable).ok_or(VersionsError::NoEarlier)?,
-                    };
-                    next.stable = Some(to.clone());
-                    (Action::Rollback, to, format!("from {}", stable.short()))
-                }
-            },
+            Command::Decided {
+                rollout,
+                promote,
+                note,
+            } => next.decided(rollout, promote, note)?,
+            Command::Rollback { to } => next.rollback(to)?,
         };
         next.record(now_ms, by, action, digest, &note);
-        next.revision = self.revision + 1;
         Ok(next)
+    }
+
+    /// A new stable version by command.
+    fn deploy(&mut self, stored: Stored) -> Result<Done, VersionsError> {
+        self.no_canary()?;
+        if self.stable.as_ref() == Some(&stored.digest) {
+            return Err(VersionsError::Unchanged(format!(
+                "{} runs already",
+                stored.digest
+            )));
+        }
+        self.stored_in(&stored)?;
+        self.stable = Some(stored.digest.clone());
+        Ok((Action::Deploy, stored.digest, String::new()))
+    }
+
+    /// The first versions of an empty fleet (module docs).
+    fn declare(
+        mut self,
+        stable: Stored,
+        canary: Option<CanaryStart>,
+        by: &str,
+        now_ms: u64,
+    ) -> Result<Self, VersionsError> {
+        if let Some(running) = &self.stable {
+            return Err(VersionsError::Unchanged(format!(
+                "the fleet runs {running} already"
+            )));
+        }
+        self.stored_in(&stable)?;
+        self.remember_declared(stable.digest.clone());
+        self.stable = Some(stable.digest.clone());
+        self.record(
+            now_ms,
+            by,
+            Action::Declared,
+            stable.digest,
+            "the config's plugin",
+        );
+        // The canary is part of the same change (one revision: the write
+        // is conditional on the one before).
+        if let Some(start) = canary {
+            self.remember_declared(start.candidate.digest.clone());
+            let (action, digest, note) = self.start_canary(start, now_ms)?;
+            self.record(now_ms, by, action, digest, &note);
+        }
+        Ok(self)
+    }
+
+    /// A lone host's config (module docs): the bytes of `stable` (and
+    /// `canary`) it never declared before become the fleet's, a config
+    /// change winning over a canary under way; bytes declared before
+    /// change nothing, so a restart never undoes a command.
+    fn declare_lone(
+        mut self,
+        stable: Stored,
+        canary: Option<CanaryStart>,
+        by: &str,
+        now_ms: u64,
+    ) -> Result<Self, VersionsError> {
+        let new_stable = !self.declared.contains(&stable.digest);
+        let canary = canary.filter(|c| !self.declared.contains(&c.candidate.digest));
+        if !new_stable && canary.is_none() {
+            return Err(VersionsError::Unchanged(format!(
+                "{} was declared before",
+                stable.digest
+            )));
+        }
+        if new_stable {
+            self.stored_in(&stable)?;
+            self.remember_declared(stable.digest.clone());
+            if let Some(running) = self.canary.take() {
+                let note = "the config's plugin changed";
+                self.record(now_ms, by, Action::CanaryRollback, running.candidate, note);
+            }
+            self.stable = Some(stable.digest.clone());
+            let note = "the config's plugin";
+            self.record(now_ms, by, Action::Declared, stable.digest, note);
+        }
+        if let Some(start) = canary
+            && self.canary.is_none()
+        {
+            self.remember_declared(start.candidate.digest.clone());
+            let (action, digest, note) = self.start_canary(start, now_ms)?;
+            self.record(now_ms, by, action, digest, &note);
+        }
+        Ok(self)
     }
 
     /// Notes that a config declared `digest` (the last [`DECLARED_KEPT`]).
     fn remember_declared(&mut self, digest: PluginDigest) {
+        self.declared.retain(|d| d != &digest);
         self.declared.push(digest);
         if self.declared.len() > DECLARED_KEPT {
             self.declared.remove(0);
+        }
+    }
+
+    /// A canary starts (its id is the revision being made).
+    fn start_canary(&mut self, start: CanaryStart, now_ms: u64) -> Result<Done, VersionsError> {
+        let CanaryStart {
+            candidate,
+            key_fraction,
+            rules,
+        } = start;
+        check_fraction(key_fraction)?;
+        self.no_canary()?;
+        if self.stable.is_none() {
+            return Err(VersionsError::NothingDeployed);
+        }
+        self.stored_in(&candidate)?;
+        self.canary = Some(CanaryPlan {
+            id: self.revision,
+            candidate: candidate.digest.clone(),
+            key_fraction,
+            since_ms: now_ms,
+            rules,
+        });
+        Ok((
+            Action::Canary,
+            candidate.digest,
+            format!("{:.1} % of keys", key_fraction * 100.0),
+        ))
+    }
+
+    /// A canary's rules decided about canary `rollout`.
+    fn decided(
+        &mut self,
+        rollout: u64,
+        promote: bool,
+        note: String,
+    ) -> Result<Done, VersionsError> {
+        let canary = self.canary.take().ok_or(VersionsError::NoCanary)?;
+        if canary.id != rollout {
+            return Err(VersionsError::OtherCanary(rollout));
+        }
+        if promote {
+            self.stable = Some(canary.candidate.clone());
+            Ok((Action::AutoPromote, canary.candidate, note))
+        } else {
+            Ok((Action::AutoRollback, canary.candidate, note))
+        }
+    }
+
+    /// A rollback: of the canary, or of the stable version to `to` (by
+    /// default the one before it).
+    fn rollback(&mut self, to: Option<PluginDigest>) -> Result<Done, VersionsError> {
+        if let Some(canary) = &self.canary {
+            if to.is_some() {
+                return Err(VersionsError::CanaryRunning(canary.candidate.clone()));
+            }
+            let candidate = canary.candidate.clone();
+            self.canary = None;
+            return Ok((Action::CanaryRollback, candidate, String::new()));
+        }
+        let stable = self.stable.clone().ok_or(VersionsError::NothingDeployed)?;
+        let to = match to {
+            Some(to) if to == stable => {
+                return Err(VersionsError::Unchanged(format!("{to} runs already")));
+            }
+            Some(to) if self.was_stable(&to) => to,
+            Some(to) => return Err(VersionsError::Unknown(to)),
+            None => self.earlier(&stable).ok_or(VersionsError::NoEarlier)?,
+        };
+        self.stable = Some(to.clone());
+        Ok((Action::Rollback, to, format!("from {}", stable.short())))
+    }
+
+    /// Checks that `stored` is in the fleet's store, recording it as the
+    /// fleet's when none is yet (module docs).
+    fn stored_in(&mut self, stored: &Stored) -> Result<(), VersionsError> {
+        match (&self.artifacts, &stored.location) {
+            (Some(fleet), Some(given)) if fleet == given => Ok(()),
+            (None, given) => {
+                self.artifacts = given.clone();
+                Ok(())
+            }
+            (Some(fleet), given) => Err(VersionsError::OtherStore {
+                fleet: fleet.clone(),
+                given: given.clone().unwrap_or_else(|| "none".to_owned()),
+            }),
         }
     }
 
@@ -537,15 +676,9 @@ impl FleetVersions {
         }
     }
 
-    fn candidate_is(&self, candidate: &PluginDigest) -> Result<(), VersionsError> {
-        match &self.canary {
-            Some(canary) if &canary.candidate == candidate => Ok(()),
-            _ => Err(VersionsError::NoCanary),
-        }
-    }
-
     fn record(&mut self, at_ms: u64, by: &str, action: Action, digest: PluginDigest, note: &str) {
         self.history.push(Change {
+            revision: self.revision,
             at_ms,
             by: by.to_owned(),
             action,

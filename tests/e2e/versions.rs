@@ -13,22 +13,22 @@ use shardlane_testkit::{
     Dynalite, HostProcess, Kinesis, LogLine, Registry, S3Emulator, guests, unique_name,
 };
 
-use crate::common::{field, guest_lines, shardlane_bin};
+use crate::common::{admin_addr, field, guest_lines, http, shardlane_bin};
 use crate::leases::{QUICK_LEASES, check_all_handled, dynamodb_config, env, handled, producer};
 
 /// What every test here starts: the emulators, a stream, a lease table's
 /// name and a folder.
-struct Rig {
-    guests: guests::Guests,
-    kinesis: Kinesis,
-    dynalite: Dynalite,
-    dir: tempfile::TempDir,
-    stream: String,
-    table: String,
+pub(crate) struct Rig {
+    pub(crate) guests: guests::Guests,
+    pub(crate) kinesis: Kinesis,
+    pub(crate) dynalite: Dynalite,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) stream: String,
+    pub(crate) table: String,
 }
 
 impl Rig {
-    async fn start(name: &str, shards: i32) -> Self {
+    pub(crate) async fn start(name: &str, shards: i32) -> Self {
         let rig = Self {
             guests: guests::build().unwrap(),
             kinesis: Kinesis::start().await.unwrap(),
@@ -47,7 +47,7 @@ impl Rig {
 
 /// `shardlane deploy -c <config> -s fleet <extra…> <plugin>`, which must
 /// succeed.
-fn deploy(config: &str, env: &[(&str, &str)], extra: &[&str], plugin: &Path) {
+pub(crate) fn deploy(config: &str, env: &[(&str, &str)], extra: &[&str], plugin: &Path) {
     let mut args = vec!["deploy", "-c", config, "-s", "fleet"];
     args.extend_from_slice(extra);
     args.push(plugin.to_str().unwrap());
@@ -61,7 +61,7 @@ fn deploy(config: &str, env: &[(&str, &str)], extra: &[&str], plugin: &Path) {
 
 /// Waits until `first` and `others` between them handled every record of
 /// `put` (the data `data` finds in their lines).
-async fn everything_handled(
+pub(crate) async fn everything_handled(
     first: &mut HostProcess,
     others: &[&HostProcess],
     put: &[String],
@@ -80,7 +80,7 @@ async fn everything_handled(
 }
 
 /// The data of each record the retry guest handled.
-fn retry_data(lines: &[LogLine]) -> Vec<String> {
+pub(crate) fn retry_data(lines: &[LogLine]) -> Vec<String> {
     handled(lines).into_iter().map(|(d, _, _)| d).collect()
 }
 
@@ -91,7 +91,7 @@ fn config(owner: &str, table: &str, stream: &str, plugin: &Path, artifacts: &Pat
 }
 
 /// Runs `shardlane <args>` with `env`.
-fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
+pub(crate) fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = std::process::Command::new(shardlane_bin());
     command
         .args(args)
@@ -105,7 +105,7 @@ fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 /// The versions (short digests) the guest lines of `lines` were handled by.
-fn handled_by(lines: &[LogLine]) -> Vec<String> {
+pub(crate) fn handled_by(lines: &[LogLine]) -> Vec<String> {
     guest_lines(lines, "handled data=")
         .iter()
         .map(|l| field(l, "plugin").to_owned())
@@ -114,7 +114,7 @@ fn handled_by(lines: &[LogLine]) -> Vec<String> {
 
 /// Waits until every host handles a record with `digest` (a short one);
 /// returns how long that took.
-async fn all_run(hosts: &mut [&mut HostProcess], digest: &str, within: Duration) -> Duration {
+pub(crate) async fn all_run(hosts: &mut [&mut HostProcess], digest: &str, within: Duration) -> Duration {
     let started = Instant::now();
     for host in hosts.iter_mut() {
         host.wait_for(&format!("a record handled by {digest}"), within, |lines| {
@@ -379,8 +379,13 @@ async fn through_an_artifact_store(
     } = Rig::start("artifacts", 2).await;
     let mut env: Vec<(&str, &str)> = env(&kinesis, &dynalite).to_vec();
     env.extend_from_slice(extra_env);
+    // Each its own compile cache: a host must get the version from the
+    // store, not from a cache the CLI's deploy filled.
     let config = |owner: &str, location: &str| {
-        let artifacts = format!("\n[artifacts]\nlocation = \"{location}\"\n");
+        let artifacts = format!(
+            "\n[artifacts]\nlocation = \"{location}\"\n\n[engine]\ncache_dir = \"{}\"\n",
+            dir.path().join(format!("cache-{owner}")).display()
+        );
         dynamodb_config(
             owner,
             &table,
@@ -405,7 +410,9 @@ async fn through_an_artifact_store(
     eprintln!("{location}: deployed and running {took:?} after the command returned");
 
     // Stopped; v3 deployed, then its blob replaced by another valid
-    // component's bytes: the restarted host never runs it.
+    // component's bytes: the restarted host never runs it, and runs
+    // nothing else either (not its config's plugin, not an older version):
+    // it takes no lease, and /readyz says why.
     assert!(host.terminate().await.unwrap().success());
     let v3_path = guests::variant(&guests.retry, "v3", dir.path()).unwrap();
     let v3_bytes = std::fs::read(&v3_path).unwrap();
@@ -426,22 +433,32 @@ async fn through_an_artifact_store(
         )
         .await
         .unwrap();
-    let before = handled_by(&again.lines()).len();
-    again
-        .wait_for(
-            "records handled meanwhile",
-            Duration::from_secs(30),
-            |lines| handled_by(lines).len() > before + 5,
-        )
-        .await
-        .unwrap();
+    let (status, body) = http(&admin_addr(&again), "GET", "/readyz", None, b"");
+    assert_eq!(status, 503, "{body}");
     assert!(
-        !handled_by(&again.lines()).contains(&v3.short().to_owned()),
-        "the replaced blob ran"
+        body.contains("runs nothing here") && body.contains(&v3.to_string()),
+        "{body}"
     );
-    // The right bytes back: it runs within a poll.
+    // Records keep arriving meanwhile; none may be handled.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        handled_by(&again.lines()).is_empty(),
+        "records handled while the fleet's version cannot run"
+    );
+    assert!(
+        !again
+            .lines()
+            .iter()
+            .any(|l| field(l, "message") == "lease taken; reader starting"),
+        "a lease taken while the fleet's version cannot run"
+    );
+    // The right bytes back: it runs within its retry backoff and a poll.
     tamper.put(&v3, v3_bytes).await;
     all_run(&mut [&mut again], v3.short(), Duration::from_secs(30)).await;
+    assert!(
+        handled_by(&again.lines()).iter().all(|d| d == v3.short()),
+        "only the fleet's version ran"
+    );
 
     // A bucket or registry that is not there: one line, nothing recorded.
     let wrong = dir.path().join("wrong.toml");

@@ -140,7 +140,6 @@ pub(super) async fn run_bounded(
     let pipeline = Pipeline::start(Parts {
         subscription: sub.clone(),
         slot,
-        rollout: None,
         kinesis: kinesis.clone(),
         fan_out: None,
         store: store.clone(),

@@ -1,15 +1,19 @@
 //! `shardlane quarantine list`: a subscription's parked keys
 //! ([`crate::parked`]), read from its lease store (read-only).
 
+use std::collections::BTreeMap;
+
 use anyhow::Context as _;
 
 use super::subscription;
 use crate::config::{Config, OnFailure};
-use crate::lease::{DocKind, read_typed};
-use crate::parked::ParkedKeys;
+use crate::failure::decode_parked;
+use crate::lease::ItemKind;
+use crate::parked::ParkedKey;
 use crate::supervisor::open_store;
 
-/// The parked keys of `subscription` (`shardlane quarantine list`).
+/// The parked keys of `subscription` (`shardlane quarantine list`), by
+/// partition key.
 ///
 /// # Errors
 /// No such subscription; the store cannot be opened or read (a file store
@@ -17,14 +21,18 @@ use crate::supervisor::open_store;
 pub async fn quarantine_list(
     config: &Config,
     subscription_name: &str,
-) -> anyhow::Result<ParkedKeys> {
+) -> anyhow::Result<BTreeMap<String, ParkedKey>> {
     let sub = subscription(config, subscription_name)?;
     if !matches!(sub.failure.on_failure, OnFailure::Quarantine(_)) {
         tracing::debug!(subscription = %sub.name, "on_failure is not quarantine: keys parked earlier are listed");
     }
     let store = open_store(config).await?;
-    let parked = read_typed(&*store, &sub.name, DocKind::Parked)
+    let context = || format!("cannot read the parked keys of {}", sub.name);
+    store
+        .read_items(&sub.name, ItemKind::Parked)
         .await
-        .with_context(|| format!("cannot read the parked keys of {}", sub.name))?;
-    Ok(parked.unwrap_or_default())
+        .with_context(context)?
+        .iter()
+        .map(|item| Ok((item.key.clone(), decode_parked(item).with_context(context)?)))
+        .collect()
 }

@@ -473,7 +473,7 @@ async fn record(
     }
     let mut first = FleetVersions::default()
         .apply(
-            Command::Deploy(digest.clone()),
+            Command::Deploy(digest.clone().into()),
             &format!("cli@{}", hostname()),
             now_ms(),
         )

@@ -6,8 +6,10 @@
 //!
 //! A deploy validates the component against the contract first (it
 //! compiles and links as the host would run it, and its world fits the
-//! subscription's `batch_size`), stores the bytes, then records the
-//! change: a failure at any step records nothing.
+//! subscription's `batch_size`), stores the bytes, reads them back by
+//! their digest and checks them, then records the change — refused when
+//! the fleet's versions are kept in another store than this config's
+//! (`VersionsError::OtherStore`): a failure at any step records nothing.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use crate::ids::PluginDigest;
 use crate::lease::{LeaseStore, update_versions};
 use crate::plugin::World;
 use crate::supervisor::{hostname, open_artifacts, open_store, plugin_host};
-use crate::versions::{CanaryRules, Command, FleetVersions, check_fraction};
+use crate::versions::{CanaryRules, CanaryStart, Command, FleetVersions, Stored, check_fraction};
 
 use super::subscription;
 
@@ -141,27 +143,33 @@ pub async fn deploy(
         ),
         _ => {}
     }
+    let store = store(config, sub).await?;
     let Some(artifacts) = open_artifacts(config).await else {
         bail!(
             "the config has no [artifacts] location: the fleet's instances could not fetch the new version (set location = \"s3://bucket/prefix\", \"oci://registry/repository\" or a shared folder)"
         );
     };
-    let store = store(config, sub).await?;
-    let digest = artifacts.store(bytes).await.with_context(|| {
+    // Stored, then read back by its digest and checked: only then is it
+    // recorded (no version without its bytes).
+    let digest = artifacts.publish(bytes).await.with_context(|| {
         format!(
             "cannot store plugin {} in {}",
             plugin.display(),
             artifacts.location()
         )
     })?;
+    let stored = Stored {
+        digest,
+        location: Some(artifacts.location()),
+    };
     let command = match (as_, canary) {
-        (DeployAs::Shadow, _) => Command::Shadow(digest),
-        (_, Some((key_fraction, rules))) => Command::Canary {
-            candidate: digest,
+        (DeployAs::Shadow, _) => Command::Shadow(stored),
+        (_, Some((key_fraction, rules))) => Command::Canary(CanaryStart {
+            candidate: stored,
             key_fraction,
             rules,
-        },
-        _ => Command::Deploy(digest),
+        }),
+        _ => Command::Deploy(stored),
     };
     Ok(update_versions(&*store, &sub.name, command, &by()).await?)
 }

@@ -67,6 +67,15 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
 /// One call with the SDK's retries (three attempts).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// An artifact store (S3, a registry, a folder) that accepts no
+/// connection for 3 s is down, as an AWS endpoint is.
+pub const ARTIFACT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// A store that has not started answering in 10 s (or stalls that long
+/// mid-answer) is hung: the fetch is tried again after a backoff.
+pub const ARTIFACT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A whole store or fetch: a 64 MiB component (the largest a plugin may
+/// be) at about 1 MiB/s, so a slow link completes and a hung one is cut.
+pub const ARTIFACT_TRANSFER_TIMEOUT: Duration = Duration::from_secs(60);
 /// KCL's default: a lease whose counter has not moved for 10 s is free.
 pub const LEASE_DURATION: Duration = Duration::from_secs(10);
 /// Renew three times per lease duration, so one slow renewal is harmless.
@@ -114,9 +123,13 @@ pub const CANARY_MIN_RECORDS: u64 = 100;
 
 /// Keys a subscription's quarantine parks at once (`quarantine.max_keys`):
 /// a few poison keys are an incident, a hundred an outage better blocked
-/// and looked at. The list lives in one lease-store item (well under
-/// DynamoDB's 400 KB at 100 keys of 256 bytes).
+/// and looked at. Each parked key is an item of its own (one small write
+/// to park it), so the bound is about attention, not storage.
 pub const QUARANTINE_MAX_KEYS: usize = 100;
+/// The most `quarantine.max_keys` may be: a shard's reader reads every
+/// parked key before it starts (100,000 keys of 256 bytes are about 60 MB
+/// to read and 30 MB to hold).
+pub const QUARANTINE_MAX_KEYS_LIMIT: usize = 100_000;
 
 /// Records one parked key holds (`quarantine.max_records`): each costs a
 /// conditional lease-store write and a dead-letter put.

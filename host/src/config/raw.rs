@@ -33,6 +33,9 @@ pub(super) struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawArtifacts {
     pub(super) location: Option<String>,
+    pub(super) connect_timeout: Option<String>,
+    pub(super) first_byte_timeout: Option<String>,
+    pub(super) transfer_timeout: Option<String>,
 }
 
 #[derive(Deserialize, Default)]

@@ -15,12 +15,13 @@ use std::time::Duration;
 use crate::ids::StreamArnParts;
 
 use super::raw::{
-    RawAdmin, RawAws, RawConfig, RawEngine, RawLease, RawMetrics, RawSubscription, RawTraces,
+    RawAdmin, RawArtifacts, RawAws, RawConfig, RawEngine, RawLease, RawMetrics, RawSubscription,
+    RawTraces,
 };
 use super::{
-    AdminConfig, ArtifactLocation, AssumeRole, AwsConfig, AwsTimeouts, Config, ConfigError,
-    EmfConfig, EmfTarget, LeaseBackend, LeaseConfig, LeaseStoreKind, SubscriptionConfig,
-    TracesConfig, default_cache_dir, defaults, parse_size,
+    AdminConfig, ArtifactLocation, ArtifactTimeouts, ArtifactsConfig, AssumeRole, AwsConfig,
+    AwsTimeouts, Config, ConfigError, EmfConfig, EmfTarget, LeaseBackend, LeaseConfig,
+    LeaseStoreKind, SubscriptionConfig, TracesConfig, default_cache_dir, defaults, parse_size,
 };
 
 mod subscription;
@@ -55,16 +56,7 @@ impl Validator<'_> {
         self.stream_arns(&aws, &subscriptions)?;
         self.state_fits(&lease, &subscriptions)?;
         let traces = self.traces(&raw.traces)?;
-        let artifacts = raw
-            .artifacts
-            .location
-            .as_deref()
-            .map(|l| {
-                let base = self.file.parent().unwrap_or(Path::new("."));
-                ArtifactLocation::parse(l, base)
-                    .map_err(|e| self.invalid("artifacts.location", e.to_string()))
-            })
-            .transpose()?;
+        let artifacts = self.artifacts(&raw.artifacts)?;
         Ok(Config {
             artifacts,
             emf,
@@ -76,6 +68,52 @@ impl Validator<'_> {
             lease,
             subscriptions,
         })
+    }
+
+    /// The `[artifacts]` table: where, and how long a call may take.
+    fn artifacts(&self, raw: &RawArtifacts) -> Result<ArtifactsConfig, ConfigError> {
+        let location = raw
+            .location
+            .as_deref()
+            .map(|l| {
+                let base = self.file.parent().unwrap_or(Path::new("."));
+                ArtifactLocation::parse(l, base)
+                    .map_err(|e| self.invalid("artifacts.location", e.to_string()))
+            })
+            .transpose()?;
+        let timeouts = ArtifactTimeouts {
+            connect: self.duration(
+                "artifacts.connect_timeout",
+                raw.connect_timeout.as_deref(),
+                defaults::ARTIFACT_CONNECT_TIMEOUT,
+            )?,
+            first_byte: self.duration(
+                "artifacts.first_byte_timeout",
+                raw.first_byte_timeout.as_deref(),
+                defaults::ARTIFACT_FIRST_BYTE_TIMEOUT,
+            )?,
+            transfer: self.duration(
+                "artifacts.transfer_timeout",
+                raw.transfer_timeout.as_deref(),
+                defaults::ARTIFACT_TRANSFER_TIMEOUT,
+            )?,
+        };
+        for (key, shorter) in [
+            ("artifacts.connect_timeout", timeouts.connect),
+            ("artifacts.first_byte_timeout", timeouts.first_byte),
+        ] {
+            if shorter > timeouts.transfer {
+                return Err(self.invalid(
+                    key,
+                    format!(
+                        "{} is longer than artifacts.transfer_timeout ({}), which bounds the whole call",
+                        humantime::format_duration(shorter),
+                        humantime::format_duration(timeouts.transfer)
+                    ),
+                ));
+            }
+        }
+        Ok(ArtifactsConfig { location, timeouts })
     }
 
     /// With the DynamoDB store a key's state is one item, which holds its

@@ -27,8 +27,9 @@
 //! added as instances start, and earlier versions skip them (their
 //! planner only looks at the stream's shard ids).
 //!
-//! A subscription's documents (its fleet versions, its parked keys) are
-//! items of the same table (see the `versions` submodule).
+//! A subscription's documents (its fleet versions) and item collections
+//! (its parked keys, its canary counts) are items of the same table (see
+//! the `versions` and `items` submodules).
 //!
 //! Per-key state lives in the same table, in items whose keys no lease can
 //! have, committed with the checkpoint (see the `state` submodule).
@@ -56,6 +57,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 mod error;
+mod items;
 mod state;
 mod versions;
 
@@ -360,6 +362,46 @@ impl DynamoDbLeaseStore {
 
 #[async_trait]
 impl LeaseStore for DynamoDbLeaseStore {
+    async fn read_items(
+        &self,
+        subscription: &SubscriptionName,
+        kind: super::ItemKind,
+    ) -> Result<Vec<super::Item>, LeaseError> {
+        self.query_items(subscription, kind).await
+    }
+
+    async fn read_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: super::ItemKind,
+        key: &str,
+    ) -> Result<Option<super::Item>, LeaseError> {
+        self.get_item(subscription, kind, key).await
+    }
+
+    async fn write_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: super::ItemKind,
+        key: &str,
+        revision: u64,
+        doc: String,
+        fence: Option<&super::Fence>,
+    ) -> Result<super::ItemWrite, LeaseError> {
+        self.put_item(subscription, kind, key, revision, doc, fence)
+            .await
+    }
+
+    async fn delete_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: super::ItemKind,
+        key: &str,
+        revision: u64,
+    ) -> Result<bool, LeaseError> {
+        self.remove_item(subscription, kind, key, revision).await
+    }
+
     async fn read_doc(
         &self,
         subscription: &SubscriptionName,

@@ -27,10 +27,13 @@
 //! skip what arrived while the host was down (`start = "latest"`); moving the
 //! file away is the operator's decision.
 //!
-//! A subscription's documents — its fleet versions ([`crate::versions`]),
-//! its parked keys ([`crate::parked`]) — live in a third table, `versions`,
-//! keyed by subscription (and kind), each value the JSON document; a write
-//! checks the revision and stores the new value in one write transaction.
+//! A subscription's documents — its fleet versions ([`crate::versions`])
+//! — live in a third table, `versions`, keyed by subscription, each value
+//! the JSON document; its item collections — its parked keys
+//! ([`crate::parked`]), its canary counts — in a fourth, `items`, keyed by
+//! `subscription \x1f kind \x1f key`. A write checks the revision (and a
+//! fenced one the lease's owner) and stores the new value in one write
+//! transaction.
 //!
 //! Heartbeats (see [`super`]) are kept in memory: only this process can
 //! open the file, so no other instance ever reads them, and leases an
@@ -46,20 +49,18 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    DocKind, Heartbeat, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, Load, StateWrite,
-    Survey, rules,
+    DocKind, Fence, Heartbeat, HeldLease, Item, ItemKind, ItemWrite, Lease, LeaseError, LeaseKey,
+    LeaseStore, Load, StateWrite, Survey, revision_of, rules,
 };
 use crate::cause::Cause;
 use crate::ids::{OwnerId, PartitionKey, ShardId, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
 
 /// A document's key in [`DOCS`]: the subscription alone for its versions
-/// (as an earlier version stored them), `<subscription>#!<kind>` for the
-/// others (no subscription name holds `#!`).
+/// (as an earlier version stored them).
 fn doc_key(subscription: &SubscriptionName, kind: DocKind) -> String {
     match kind {
         DocKind::Versions => subscription.to_string(),
-        other => format!("{subscription}#!{}", other.name()),
     }
 }
 
@@ -68,7 +69,15 @@ const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
 /// Each subscription's documents ([`DocKind`]). Named for the first of
 /// them: a file of an earlier version holds its versions here already.
 const DOCS: TableDefinition<&str, &str> = TableDefinition::new("versions");
+/// Each subscription's items ([`ItemKind`]), keyed by
+/// `subscription \x1f kind \x1f key`.
+const ITEMS: TableDefinition<&str, &str> = TableDefinition::new("items");
 const SEP: char = '\u{1f}';
+
+/// An item's key in [`ITEMS`].
+fn item_key(subscription: &SubscriptionName, kind: ItemKind, key: &str) -> String {
+    format!("{subscription}{SEP}{}{SEP}{key}", kind.name())
+}
 
 /// The stored form of one lease.
 #[derive(Debug, Serialize, Deserialize)]
@@ -286,6 +295,139 @@ fn write_in(table: &mut redb::Table<&str, &str>, lease: &Lease) -> Result<(), Le
 
 #[async_trait]
 impl LeaseStore for FileLeaseStore {
+    async fn read_items(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+    ) -> Result<Vec<Item>, LeaseError> {
+        let db = self.db.clone();
+        let prefix = item_key(subscription, kind, "");
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read().map_err(store_error)?;
+            let table = match txn.open_table(ITEMS) {
+                Ok(table) => table,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(store_error(e)),
+            };
+            let mut items = Vec::new();
+            for entry in table.range(prefix.as_str()..).map_err(store_error)? {
+                let (k, v) = entry.map_err(store_error)?;
+                let Some(key) = k.value().strip_prefix(prefix.as_str()) else {
+                    break;
+                };
+                let doc = v.value().to_owned();
+                items.push(Item {
+                    key: key.to_owned(),
+                    revision: revision_of(&doc),
+                    doc,
+                });
+            }
+            Ok(items)
+        })
+        .await
+        .map_err(store_error)?
+    }
+
+    async fn read_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+        key: &str,
+    ) -> Result<Option<Item>, LeaseError> {
+        let db = self.db.clone();
+        let at = item_key(subscription, kind, key);
+        let key = key.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read().map_err(store_error)?;
+            let table = match txn.open_table(ITEMS) {
+                Ok(table) => table,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(store_error(e)),
+            };
+            let found = table.get(at.as_str()).map_err(store_error)?;
+            Ok(found.map(|v| {
+                let doc = v.value().to_owned();
+                Item {
+                    key,
+                    revision: revision_of(&doc),
+                    doc,
+                }
+            }))
+        })
+        .await
+        .map_err(store_error)?
+    }
+
+    async fn write_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+        key: &str,
+        revision: u64,
+        doc: String,
+        fence: Option<&Fence>,
+    ) -> Result<ItemWrite, LeaseError> {
+        let db = self.db.clone();
+        let at = item_key(subscription, kind, key);
+        let fence = fence.cloned();
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_write().map_err(store_error)?;
+            let written = {
+                let lease = match &fence {
+                    Some(f) => read_in(&txn.open_table(LEASES).map_err(store_error)?, &f.lease)?,
+                    None => None,
+                };
+                let mut table = txn.open_table(ITEMS).map_err(store_error)?;
+                let current = table
+                    .get(at.as_str())
+                    .map_err(store_error)?
+                    .map(|v| v.value().to_owned());
+                let fence = fence.as_ref().map(|f| (f, lease.as_ref()));
+                let written = rules::write_item(current.as_deref(), revision, fence);
+                if written == ItemWrite::Written {
+                    table
+                        .insert(at.as_str(), doc.as_str())
+                        .map_err(store_error)?;
+                }
+                written
+            };
+            txn.commit().map_err(store_error)?;
+            Ok(written)
+        })
+        .await
+        .map_err(store_error)?
+    }
+
+    async fn delete_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+        key: &str,
+        revision: u64,
+    ) -> Result<bool, LeaseError> {
+        let db = self.db.clone();
+        let at = item_key(subscription, kind, key);
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_write().map_err(store_error)?;
+            let deleted = {
+                let mut table = txn.open_table(ITEMS).map_err(store_error)?;
+                let current = table
+                    .get(at.as_str())
+                    .map_err(store_error)?
+                    .map(|v| revision_of(v.value()));
+                let deleted = current.is_none_or(|r| r == revision);
+                if deleted {
+                    table.remove(at.as_str()).map_err(store_error)?;
+                }
+                deleted
+            };
+            txn.commit().map_err(store_error)?;
+            Ok(deleted)
+        })
+        .await
+        .map_err(store_error)?
+    }
+
     async fn read_doc(
         &self,
         subscription: &SubscriptionName,
@@ -673,13 +815,13 @@ mod versions_tests {
         {
             let store = FileLeaseStore::open(dir.path()).unwrap();
             assert_eq!(store.read_versions(&app).await.unwrap(), None);
-            let first = update_versions(&store, &app, Command::Deploy(one.clone()), "t")
+            let first = update_versions(&store, &app, Command::Deploy(one.clone().into()), "t")
                 .await
                 .unwrap();
             // A value made from revision 0 again is refused: the store
             // holds revision 1.
             let stale = FleetVersions::default()
-                .apply(Command::Deploy(two.clone()), "t", 0)
+                .apply(Command::Deploy(two.clone().into()), "t", 0)
                 .unwrap();
             assert!(matches!(
                 store.write_versions(&app, &stale).await,
@@ -688,7 +830,7 @@ mod versions_tests {
             assert_eq!(store.read_versions(&app).await.unwrap(), Some(first));
             // The rules refuse through the helper too, and nothing is written.
             assert!(matches!(
-                update_versions(&store, &app, Command::Deploy(one.clone()), "t").await,
+                update_versions(&store, &app, Command::Deploy(one.clone().into()), "t").await,
                 Err(VersionsUpdateError::Refused(VersionsError::Unchanged(_)))
             ));
         }

@@ -146,7 +146,6 @@ use crate::ids::{OwnerId, SessionId, ShardId, StreamName};
 use crate::kinesis::{HashKeyRange, Kinesis, KinesisError, ReadFrom, ShardInfo};
 use crate::logging::LogGate;
 use crate::telemetry::{Gauge, SubscriptionStatus, Telemetry};
-use crate::versions::CanaryReport;
 
 /// Checkpoint requests queued to the keeper; settlement coalesces them to
 /// about one per shard per `checkpoint_every`, so this is plenty.
@@ -294,8 +293,6 @@ pub(crate) struct Keeper {
     /// store can still be taken, handed over and balanced while Kinesis is
     /// slow to answer ListShards).
     last_shards: Option<Vec<ShardInfo>>,
-    /// What the heartbeat says of the canary (set by the rollout stage).
-    canary: Option<Arc<CanaryReport>>,
     round: Option<SyncRound>,
     planner: Planner,
     next_session: u64,
@@ -339,13 +336,6 @@ impl Keeper {
         self
     }
 
-    /// Publishes this instance's canary counts from `report` with each
-    /// heartbeat (see `crate::versions::CanaryPlan::decide`).
-    pub(crate) fn with_canary_report(mut self, report: Arc<CanaryReport>) -> Self {
-        self.canary = Some(report);
-        self
-    }
-
     /// The keeper of `subscription`'s leases in `store`, held as `owner`,
     /// listing shards from `shards` and reporting to `status`.
     pub(crate) fn new(
@@ -385,7 +375,6 @@ impl Keeper {
             io: JoinSet::new(),
             listing: false,
             last_shards: None,
-            canary: None,
             round: None,
             planner: Planner::new(),
             next_session: 1,

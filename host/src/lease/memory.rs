@@ -10,8 +10,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::{
-    DocKind, Heartbeat, HeldLease, Lease, LeaseError, LeaseKey, LeaseStore, Load, StateWrite,
-    Survey, rules,
+    DocKind, Fence, Heartbeat, HeldLease, Item, ItemKind, ItemWrite, Lease, LeaseError, LeaseKey,
+    LeaseStore, Load, StateWrite, Survey, revision_of, rules,
 };
 use crate::ids::{OwnerId, PartitionKey, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
@@ -31,6 +31,8 @@ struct Inner {
     heartbeats: BTreeMap<(SubscriptionName, StreamName, OwnerId), Heartbeat>,
     /// Each subscription's documents, by kind.
     docs: BTreeMap<(SubscriptionName, DocKind), String>,
+    /// Each subscription's items, by collection and key.
+    items: BTreeMap<(SubscriptionName, ItemKind, String), String>,
 }
 
 impl MemoryLeaseStore {
@@ -66,6 +68,83 @@ impl MemoryLeaseStore {
 
 #[async_trait]
 impl LeaseStore for MemoryLeaseStore {
+    async fn read_items(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+    ) -> Result<Vec<Item>, LeaseError> {
+        Ok(self.with_all(|inner| {
+            inner
+                .items
+                .iter()
+                .filter(|((s, k, _), _)| s == subscription && *k == kind)
+                .map(|((_, _, key), doc)| Item {
+                    key: key.clone(),
+                    revision: revision_of(doc),
+                    doc: doc.clone(),
+                })
+                .collect()
+        }))
+    }
+
+    async fn read_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+        key: &str,
+    ) -> Result<Option<Item>, LeaseError> {
+        Ok(self.with_all(|inner| {
+            inner
+                .items
+                .get(&(subscription.clone(), kind, key.to_owned()))
+                .map(|doc| Item {
+                    key: key.to_owned(),
+                    revision: revision_of(doc),
+                    doc: doc.clone(),
+                })
+        }))
+    }
+
+    async fn write_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+        key: &str,
+        revision: u64,
+        doc: String,
+        fence: Option<&Fence>,
+    ) -> Result<ItemWrite, LeaseError> {
+        Ok(self.with_all(|inner| {
+            let at = (subscription.clone(), kind, key.to_owned());
+            let fence = fence.map(|f| (f, inner.leases.get(&f.lease)));
+            let written =
+                rules::write_item(inner.items.get(&at).map(String::as_str), revision, fence);
+            if written == ItemWrite::Written {
+                inner.items.insert(at, doc);
+            }
+            written
+        }))
+    }
+
+    async fn delete_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: ItemKind,
+        key: &str,
+        revision: u64,
+    ) -> Result<bool, LeaseError> {
+        Ok(self.with_all(|inner| {
+            let at = (subscription.clone(), kind, key.to_owned());
+            match inner.items.get(&at) {
+                Some(doc) if revision_of(doc) != revision => false,
+                _ => {
+                    inner.items.remove(&at);
+                    true
+                }
+            }
+        }))
+    }
+
     async fn read_doc(
         &self,
         subscription: &SubscriptionName,
@@ -326,7 +405,7 @@ mod versions_tests {
             doc: String,
         ) -> Result<bool, LeaseError> {
             if !self.raced.swap(true, Ordering::SeqCst) {
-                let theirs = Command::Deploy(PluginDigest::of(b"theirs"));
+                let theirs = Command::Deploy(PluginDigest::of(b"theirs").into());
                 update_versions(&self.inner, subscription, theirs, "other")
                     .await
                     .unwrap();
@@ -337,6 +416,41 @@ mod versions_tests {
         }
 
         async fn survey(&self, _: &SubscriptionName, _: &StreamName) -> Result<Survey, LeaseError> {
+            unreachable!()
+        }
+        async fn read_items(
+            &self,
+            _: &SubscriptionName,
+            _: ItemKind,
+        ) -> Result<Vec<Item>, LeaseError> {
+            unreachable!()
+        }
+        async fn read_item(
+            &self,
+            _: &SubscriptionName,
+            _: ItemKind,
+            _: &str,
+        ) -> Result<Option<Item>, LeaseError> {
+            unreachable!()
+        }
+        async fn write_item(
+            &self,
+            _: &SubscriptionName,
+            _: ItemKind,
+            _: &str,
+            _: u64,
+            _: String,
+            _: Option<&Fence>,
+        ) -> Result<ItemWrite, LeaseError> {
+            unreachable!()
+        }
+        async fn delete_item(
+            &self,
+            _: &SubscriptionName,
+            _: ItemKind,
+            _: &str,
+            _: u64,
+        ) -> Result<bool, LeaseError> {
             unreachable!()
         }
         async fn heartbeat(
@@ -405,7 +519,7 @@ mod versions_tests {
         };
         let app = SubscriptionName::from("app");
         let ours = PluginDigest::of(b"ours");
-        update_versions(&store, &app, Command::Shadow(ours.clone()), "me")
+        update_versions(&store, &app, Command::Shadow(ours.clone().into()), "me")
             .await
             .unwrap();
         let v = store.read_versions(&app).await.unwrap().unwrap();

@@ -32,6 +32,9 @@ use crate::versions::{CanaryRules, Command, VersionsError};
 /// Longest a read-only request may take: they answer from memory.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest a write made during start-up waits for the subscriptions.
+const STARTING_WAIT: Duration = Duration::from_secs(30);
+
 /// What every handler shares.
 #[derive(Clone)]
 pub(super) struct Ctx {
@@ -90,11 +93,18 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response {
     response
 }
 
+/// 200 `ready`, or 503 `not ready` and a line per subscription saying why.
 async fn readyz(State(ctx): State<Ctx>) -> Response {
-    if ctx.state.telemetry.ready() {
+    let reasons = ctx.state.telemetry.not_ready();
+    if reasons.is_empty() {
         text(StatusCode::OK, "ready\n")
     } else {
-        text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+        let mut body = "not ready\n".to_owned();
+        for reason in reasons {
+            body.push_str(&reason);
+            body.push('\n');
+        }
+        text(StatusCode::SERVICE_UNAVAILABLE, body)
     }
 }
 
@@ -234,7 +244,19 @@ async fn rollback(State(ctx): State<Ctx>, Path(name): Path<String>) -> Response 
 }
 
 async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
-    let Some(rollout) = ctx.state.rollouts.get(&SubscriptionName::from(name)) else {
+    // During start-up (the listeners come first) a write waits for the
+    // subscriptions to be made.
+    let mut made = ctx.state.rollouts.clone();
+    let rollouts = match tokio::time::timeout(STARTING_WAIT, made.wait_for(Option::is_some)).await {
+        Ok(Ok(made)) => made.clone().unwrap_or_default(),
+        _ => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "starting: the subscriptions do not run yet\n",
+            );
+        }
+    };
+    let Some(rollout) = rollouts.get(&SubscriptionName::from(name)) else {
         return text(
             StatusCode::NOT_FOUND,
             format!("no subscription named {:?}\n", capped(name)),
@@ -277,7 +299,9 @@ async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
             report(new)
         }
         Err(RolloutError::Refused(VersionsError::Unchanged(_))) => report(old.clone()),
-        Err(e @ RolloutError::Refused(_)) => text(StatusCode::CONFLICT, format!("{e}\n")),
+        Err(e @ (RolloutError::Refused(_) | RolloutError::NoStore)) => {
+            text(StatusCode::CONFLICT, format!("{e}\n"))
+        }
         Err(e @ RolloutError::Plugin(_)) => {
             text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n"))
         }

@@ -350,6 +350,46 @@ impl PluginHost {
         )
     }
 
+    /// [`PluginHost::load`] of version `digest` from the compile cache
+    /// alone, under the cache's trust rules (see "Compile cache: threat
+    /// model" in [`super`]): `None` when the cache holds no entry of it
+    /// this host may use (no cache, no entry, or one refused: a warning
+    /// names it). `path` names it in messages.
+    ///
+    /// # Errors
+    /// As [`PluginHost::load`], for an entry that loads but does not link.
+    pub(crate) fn load_cached(
+        &self,
+        path: &Path,
+        digest: &PluginDigest,
+        subscription: SubscriptionName,
+        handler_timeout: Duration,
+        sandbox: SandboxConfig,
+    ) -> Result<Option<Plugin>, PluginError> {
+        let Some(cache) = &self.cache else {
+            return Ok(None);
+        };
+        let entry = cache.entry(&self.engine, digest);
+        let component = match cache.load(&self.engine, &entry) {
+            Ok(Some(component)) => component,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                tracing::warn!(entry = %entry.display(), error = %e, "compile cache entry not used");
+                return Ok(None);
+            }
+        };
+        tracing::info!(plugin = %path.display(), digest = digest.short(), cache = "hit", "version loaded from the compile cache by its digest");
+        self.finish_load(
+            path,
+            component,
+            digest.clone(),
+            subscription,
+            handler_timeout,
+            sandbox,
+        )
+        .map(Some)
+    }
+
     fn finish_load(
         &self,
         path: &Path,

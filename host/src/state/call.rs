@@ -205,6 +205,26 @@ impl CallState {
         }
     }
 
+    /// What a [`Self::fork`] of this view holds, in bytes: each key's
+    /// state as the call found it and as it leaves it, and the writes (a
+    /// bound for the shadow's queue).
+    pub fn bytes(&self) -> usize {
+        self.inner.as_ref().map_or(0, |inner| {
+            let slots: usize = inner
+                .slots
+                .iter()
+                .map(|s| s.key.as_str().len() + s.base.bytes() + s.view.bytes())
+                .sum();
+            let deltas: usize = inner
+                .deltas
+                .iter()
+                .flat_map(|d| d.iter())
+                .map(|(name, v)| name.len() + v.as_ref().map_or(0, |v| v.data.len()))
+                .sum();
+            slots + deltas
+        })
+    }
+
     /// A copy for a shadow call (see `crate::swap`): the state as this
     /// call sees it now, with no writes of its own. Its writes are never
     /// staged or committed: whoever holds it only compares them.

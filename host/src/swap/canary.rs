@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use super::shadow::{Live, Shadow, ShadowCall};
+use super::shadow::{Admission, Live, Shadow, ShadowCall};
 use crate::channel::Record;
 use crate::dispatch::{CallError, Handled, Handler, Outcome};
 use crate::ids::{LaneId, PluginDigest};
@@ -102,6 +102,7 @@ fn totals(stable: &RoleCounters, candidate: &RoleCounters) -> CanaryCounts {
     let failures = |c: &RoleCounters| c.retry.get() + c.reject.get() + c.failed.get();
     let records = |c: &RoleCounters| c.ack.get() + failures(c);
     CanaryCounts {
+        rollout: 0,
         candidate: None,
         stable_records: records(stable),
         stable_failures: failures(stable),
@@ -115,6 +116,8 @@ fn totals(stable: &RoleCounters, candidate: &RoleCounters) -> CanaryCounts {
 pub(super) struct Canary {
     pub(super) plugin: Arc<Plugin>,
     pub(super) slice: KeySlice,
+    /// Its identity ([`crate::versions::CanaryPlan::id`]).
+    pub(super) id: u64,
     stable_counts: RoleCounters,
     candidate_counts: RoleCounters,
     /// The counters when this canary began (they are the process's, shared
@@ -128,6 +131,7 @@ impl Canary {
     pub(super) fn new(
         plugin: Arc<Plugin>,
         slice: KeySlice,
+        id: u64,
         telemetry: &Telemetry,
         sub: &str,
     ) -> Self {
@@ -137,6 +141,7 @@ impl Canary {
         Self {
             plugin,
             slice,
+            id,
             stable_counts,
             candidate_counts,
             baseline,
@@ -147,6 +152,7 @@ impl Canary {
     pub(super) fn counts(&self) -> CanaryCounts {
         let now = totals(&self.stable_counts, &self.candidate_counts);
         CanaryCounts {
+            rollout: self.id,
             candidate: Some(self.plugin.digest().clone()),
             stable_records: now.stable_records - self.baseline.stable_records,
             stable_failures: now.stable_failures - self.baseline.stable_failures,
@@ -224,17 +230,17 @@ impl Handler for SlotInstance {
         attempt: u32,
         state: &mut CallState,
     ) -> Result<Handled<Outcome>, CallError> {
-        let Some(shadow) = self.shadow.clone() else {
+        let records = [(record.clone(), attempt)];
+        let Some((shadow, admission)) = self.shadow_admits(&records) else {
             return self.handle_live(record, attempt, state).await;
         };
         let fork = state.fork();
         let result = self.handle_live(record, attempt, state).await;
-        shadow.offer(ShadowCall {
-            records: vec![(record.clone(), attempt)],
-            batch: false,
-            state: fork,
-            live: Live::of_record(&result, state),
-        });
+        let live = Live::of_record(&result, state);
+        shadow.offer(
+            admission,
+            ShadowCall::new(records.to_vec(), false, fork, live),
+        );
         result
     }
 
@@ -243,17 +249,16 @@ impl Handler for SlotInstance {
         records: &[(Arc<Record>, u32)],
         state: &mut CallState,
     ) -> Result<Handled<Vec<Outcome>>, CallError> {
-        let Some(shadow) = self.shadow.clone() else {
+        let Some((shadow, admission)) = self.shadow_admits(records) else {
             return self.handle_batch_live(records, state).await;
         };
         let fork = state.fork();
         let result = self.handle_batch_live(records, state).await;
-        shadow.offer(ShadowCall {
-            records: records.to_vec(),
-            batch: true,
-            state: fork,
-            live: Live::of_batch(&result, state),
-        });
+        let live = Live::of_batch(&result, state);
+        shadow.offer(
+            admission,
+            ShadowCall::new(records.to_vec(), true, fork, live),
+        );
         result
     }
 
@@ -266,6 +271,15 @@ impl Handler for SlotInstance {
 }
 
 impl SlotInstance {
+    /// The shadow and the call's admission to it, when a shadow runs and
+    /// takes the call (see [`super::shadow`], "Bounded by count and by
+    /// bytes").
+    fn shadow_admits(&self, records: &[(Arc<Record>, u32)]) -> Option<(Shadow, Admission)> {
+        let shadow = self.shadow.as_ref()?;
+        let admission = shadow.admit(records)?;
+        Some((shadow.clone(), admission))
+    }
+
     /// The live call: the stable version, or the candidate for a key in a
     /// canary's slice.
     async fn handle_live(

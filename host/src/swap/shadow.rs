@@ -8,11 +8,21 @@
 //! before the live call ([`CallState::fork`]: the state as the call found
 //! it, nothing written), calls the live version, then offers the shadow a
 //! [`ShadowCall`]: the records, the fork, and what the live call answered
-//! — outcomes, outputs, and each input's state writes. The offer is a
-//! `try_send` into a bounded queue ([`QUEUE`]): a full queue drops the
-//! call from the shadow (counted in `shardlane_shadow_dropped_total`), so
-//! a slow shadow never slows a lane, and never holds the checkpoint —
-//! settlement never hears of it.
+//! — outcomes, outputs, and each input's state writes.
+//!
+//! # Bounded by count and by bytes
+//! The queue holds at most [`QUEUE`] calls and [`QUEUE_BYTES`] bytes
+//! (the records' data and keys — which the shadow keeps alive after the
+//! live path let them go — the state fork, the live outputs and writes).
+//! A call is **admitted before anything is copied**: before the fork, the
+//! lane takes a place in the queue and the records' bytes from the budget
+//! ([`Shadow::admit`]); only then does it fork the state. After the live
+//! call it takes the rest (state, outputs, writes); what does not fit
+//! drops the call (counted in `shardlane_shadow_dropped_total`), and so
+//! does no place or no budget at admission. A slow shadow therefore never
+//! slows a lane, never holds the checkpoint — settlement never hears of
+//! it — and never holds more than its bound, whatever the records weigh:
+//! its bytes are given back when the shadow has made the call.
 //!
 //! # What it compares
 //! One task per shadow takes calls in order and makes the same call
@@ -35,7 +45,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::channel::Record;
 use crate::dispatch::{CallError, Handled, Outcome};
@@ -47,6 +57,15 @@ use crate::telemetry::{Counter, Telemetry};
 
 /// Calls waiting for the shadow; past it they are dropped (counted).
 pub(crate) const QUEUE: usize = 256;
+
+/// Bytes the calls waiting for the shadow may hold (see "Bounded by count
+/// and by bytes"): six of Lambda's largest batches, a small share of the
+/// host's memory.
+pub(crate) const QUEUE_BYTES: usize = 64 << 20;
+
+/// What a call is reckoned to hold beyond its bytes of data (the record
+/// structs, the vectors).
+const CALL_OVERHEAD: usize = 256;
 
 /// Differences logged per shadow (then only counted).
 const LOGGED: u64 = 10;
@@ -107,6 +126,13 @@ impl Live {
     }
 }
 
+/// A call's place in the shadow's queue and its bytes, taken before
+/// anything is copied for it ([`Shadow::admit`]).
+pub(crate) struct Admission {
+    place: mpsc::OwnedPermit<ShadowCall>,
+    bytes: OwnedSemaphorePermit,
+}
+
 /// One call for the shadow to make again.
 pub(crate) struct ShadowCall {
     /// The records and their attempts; one for a `handle` call.
@@ -117,6 +143,52 @@ pub(crate) struct ShadowCall {
     pub state: CallState,
     /// What the live call answered.
     pub live: Live,
+    /// Its bytes of the queue's budget, given back when it is dropped.
+    bytes: Option<OwnedSemaphorePermit>,
+}
+
+impl ShadowCall {
+    /// A call for the shadow (its bytes are attached when it is offered).
+    pub(crate) fn new(
+        records: Vec<(Arc<Record>, u32)>,
+        batch: bool,
+        state: CallState,
+        live: Live,
+    ) -> Self {
+        Self {
+            records,
+            batch,
+            state,
+            live,
+            bytes: None,
+        }
+    }
+}
+
+/// What `records` weigh in the shadow's queue.
+fn records_bytes(records: &[(Arc<Record>, u32)]) -> usize {
+    records
+        .iter()
+        .map(|(r, _)| CALL_OVERHEAD + r.data.len() + r.partition_key.as_str().len())
+        .sum()
+}
+
+/// What the rest of a call weighs: the fork and the live answer.
+fn answer_bytes(call: &ShadowCall) -> usize {
+    let outputs: usize = call
+        .live
+        .outputs
+        .iter()
+        .map(|o| CALL_OVERHEAD + o.data.len() + o.partition_key.as_str().len())
+        .sum();
+    let writes: usize = call
+        .live
+        .writes
+        .iter()
+        .flat_map(|d| d.iter())
+        .map(|(name, v)| name.len() + v.as_ref().map_or(0, |v| v.data.len()))
+        .sum();
+    call.state.bytes() + outputs + writes
 }
 
 /// The counters of one subscription's shadow.
@@ -171,7 +243,10 @@ impl ShadowCounters {
 #[derive(Clone)]
 pub(crate) struct Shadow {
     pub(super) plugin: Arc<Plugin>,
+    /// Its identity (the revision that started it).
+    pub(super) id: u64,
     tx: mpsc::Sender<ShadowCall>,
+    budget: Arc<Semaphore>,
     pub(super) counters: ShadowCounters,
 }
 
@@ -179,21 +254,56 @@ impl Shadow {
     /// Starts the shadow task for `plugin`; it ends when every sender is
     /// dropped (the shadow replaced or ended, and the lanes' instances of
     /// that generation gone).
-    pub(crate) fn start(plugin: Arc<Plugin>, counters: ShadowCounters) -> Self {
+    pub(crate) fn start(plugin: Arc<Plugin>, id: u64, counters: ShadowCounters) -> Self {
+        Self::with_budget(plugin, id, counters, QUEUE_BYTES)
+    }
+
+    pub(super) fn with_budget(
+        plugin: Arc<Plugin>,
+        id: u64,
+        counters: ShadowCounters,
+        bytes: usize,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(run(plugin.clone(), rx, counters.clone()));
         Self {
             plugin,
+            id,
             tx,
+            budget: Arc::new(Semaphore::new(bytes)),
             counters,
         }
     }
 
-    /// Offers a call; drops it (counted) when the shadow is behind.
-    pub(crate) fn offer(&self, call: ShadowCall) {
-        if self.tx.try_send(call).is_err() {
+    /// A place in the queue and the bytes of `records`, before anything is
+    /// copied for the call; `None` (the call dropped, counted) when the
+    /// shadow is behind by count or by bytes.
+    pub(crate) fn admit(&self, records: &[(Arc<Record>, u32)]) -> Option<Admission> {
+        let admitted = self.tx.clone().try_reserve_owned().ok().and_then(|place| {
+            let bytes = u32::try_from(records_bytes(records)).ok()?;
+            let bytes = self.budget.clone().try_acquire_many_owned(bytes).ok()?;
+            Some(Admission { place, bytes })
+        });
+        if admitted.is_none() {
             self.counters.dropped.inc();
         }
+        admitted
+    }
+
+    /// Queues an admitted call, once the rest of its bytes fit; drops it
+    /// (counted) when they do not.
+    pub(crate) fn offer(&self, admission: Admission, mut call: ShadowCall) {
+        let Admission { place, mut bytes } = admission;
+        let rest = u32::try_from(answer_bytes(&call))
+            .ok()
+            .and_then(|rest| self.budget.clone().try_acquire_many_owned(rest).ok());
+        let Some(rest) = rest else {
+            self.counters.dropped.inc();
+            return;
+        };
+        bytes.merge(rest);
+        call.bytes = Some(bytes);
+        place.send(call);
     }
 
     /// The candidate.

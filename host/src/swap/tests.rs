@@ -12,6 +12,19 @@ use crate::ids::{LaneId, PartitionKey};
 use crate::telemetry::Telemetry;
 use crate::tests::delivery;
 
+/// What a slot installs.
+fn installed(
+    stable: Arc<Plugin>,
+    canary: Option<(Arc<Plugin>, KeySlice, u64)>,
+    shadow: Option<(Arc<Plugin>, u64)>,
+) -> Installed {
+    Installed {
+        stable,
+        canary,
+        shadow,
+    }
+}
+
 /// The test guests' bytes.
 fn guest(path: &std::path::Path) -> Vec<u8> {
     std::fs::read(path).unwrap()
@@ -57,17 +70,15 @@ async fn setting_new_versions_reaches_the_lanes_and_the_same_ones_change_nothing
     let plugin = slot.prepare(retry.clone(), "test").await.unwrap();
     assert_eq!(slot.generation(), before, "preparing installs nothing");
     slot.set(
-        plugin.clone(),
-        None,
-        None,
+        installed(plugin.clone(), None, None),
         "test",
-        std::time::Instant::now(),
+        Instant::now(),
     )
     .await;
     assert_eq!(slot.current().digest(), &PluginDigest::of(&retry));
     assert!(slot.generation() > before, "lanes see the change");
     let generation = slot.generation();
-    slot.set(plugin, None, None, "test", std::time::Instant::now())
+    slot.set(installed(plugin, None, None), "test", Instant::now())
         .await;
     assert_eq!(slot.generation(), generation);
 }
@@ -98,20 +109,16 @@ async fn a_canary_sends_its_slice_to_the_candidate_until_promoted_or_rolled_back
     let candidate = slot.prepare(retry.clone(), "test").await.unwrap();
     let slice = KeySlice::new(0.5).unwrap();
     slot.set(
-        stable.clone(),
-        Some((candidate.clone(), slice)),
-        None,
+        installed(stable.clone(), Some((candidate.clone(), slice, 7)), None),
         "test",
-        std::time::Instant::now(),
+        Instant::now(),
     )
     .await;
     let generation = slot.generation();
     slot.set(
-        stable.clone(),
-        Some((candidate.clone(), slice)),
-        None,
+        installed(stable.clone(), Some((candidate.clone(), slice, 7)), None),
         "test",
-        std::time::Instant::now(),
+        Instant::now(),
     )
     .await;
     assert_eq!(
@@ -130,22 +137,30 @@ async fn a_canary_sends_its_slice_to_the_candidate_until_promoted_or_rolled_back
         };
         assert_eq!(handler.version(&d.record).as_ref(), Some(expected), "{key}");
     }
+    let counts = slot.canary_counts().unwrap();
+    assert_eq!(counts.rollout, 7, "counts carry their canary's identity");
+    // The same bytes and slice as another canary (deployed again): a new
+    // canary, not the same one.
     slot.set(
-        stable.clone(),
-        None,
-        None,
+        installed(stable.clone(), Some((candidate.clone(), slice, 9)), None),
+        "test",
+        Instant::now(),
+    )
+    .await;
+    assert!(slot.generation() > generation, "another canary is a change");
+    assert_eq!(slot.canary_counts().unwrap().rollout, 9);
+    slot.set(
+        installed(stable.clone(), None, None),
         "rollback",
-        std::time::Instant::now(),
+        Instant::now(),
     )
     .await;
     assert_eq!(slot.current().digest(), stable.digest());
-    assert!(slot.running().1.is_none());
+    assert!(slot.canary_counts().is_none());
     slot.set(
-        candidate.clone(),
-        None,
-        None,
+        installed(candidate.clone(), None, None),
         "promote",
-        std::time::Instant::now(),
+        Instant::now(),
     )
     .await;
     assert_eq!(slot.current().digest(), candidate.digest());
@@ -193,11 +208,9 @@ async fn a_shadow_counts_exactly_the_calls_that_differ_and_drops_when_behind() {
         .await
         .unwrap();
     slot.set(
-        stable,
-        None,
-        Some(shadow),
+        installed(stable, None, Some((shadow, 1))),
         "test",
-        std::time::Instant::now(),
+        Instant::now(),
     )
     .await;
     let mut handler = slot.create(LaneId(0)).await.unwrap();
@@ -232,8 +245,12 @@ async fn a_shadow_counts_exactly_the_calls_that_differ_and_drops_when_behind() {
         .prepare_shadow(guest(&guests.slow), "test")
         .await
         .unwrap();
-    slot.set(noop, None, Some(slow), "test", std::time::Instant::now())
-        .await;
+    slot.set(
+        installed(noop, None, Some((slow, 2))),
+        "test",
+        Instant::now(),
+    )
+    .await;
     let mut handler = slot.create(LaneId(0)).await.unwrap();
     let calls = super::shadow::QUEUE as u64 + 50;
     for i in 0..calls {
@@ -244,4 +261,53 @@ async fn a_shadow_counts_exactly_the_calls_that_differ_and_drops_when_behind() {
     }
     let (_, [_, dropped, ..]) = slot.shadow().unwrap();
     assert!(dropped >= 40, "{dropped} of {calls} dropped");
+}
+
+/// Catches: a shadow queue bounded by count only (256 calls of large
+/// records would hold gigabytes), admission decided after the copies, or
+/// bytes never given back once the shadow made its calls.
+#[tokio::test]
+async fn a_shadow_holds_no_more_bytes_than_its_bound() {
+    let (slot, _dir, guests) = slot();
+    let slow = slot
+        .prepare_shadow(guest(&guests.slow), "test")
+        .await
+        .unwrap();
+    let counters = shadow::ShadowCounters::new(&Telemetry::new(), "s");
+    let bound = 4 << 20;
+    let shadow = shadow::Shadow::with_budget(slow, 1, counters.clone(), bound);
+    let big = |i: u64| {
+        let mut d = delivery("key", i);
+        Arc::get_mut(&mut d.record).unwrap().data = vec![b'x'; 1 << 20];
+        vec![(d.record, 1)]
+    };
+    let mut admitted = 0;
+    for i in 0..20u64 {
+        let records = big(i);
+        if let Some(admission) = shadow.admit(&records) {
+            admitted += 1;
+            let live = shadow::Live {
+                outcomes: Ok(vec![crate::dispatch::Outcome::Ack]),
+                outputs: Vec::new(),
+                writes: Vec::new(),
+            };
+            let call =
+                shadow::ShadowCall::new(records, false, crate::state::CallState::default(), live);
+            shadow.offer(admission, call);
+        }
+    }
+    assert_eq!(admitted, 3, "4 MiB holds three calls of 1 MiB records");
+    let [_, dropped, ..] = counters.totals();
+    assert_eq!(dropped, 17, "the rest dropped before anything was copied");
+    // Once the shadow made its calls, their bytes are back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while counters.totals()[0] < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shadow made no calls"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(shadow.admit(&big(99)).is_some(), "the budget is given back");
 }

@@ -249,6 +249,9 @@ pub(crate) struct SubscriptionStatus {
     history: Mutex<Vec<crate::versions::Change>>,
     /// Why the fleet's versions do not run here, while they do not.
     version_problem: Mutex<Option<String>>,
+    /// Why the subscription runs nothing here (it waits for its version),
+    /// while it does not: not ready then.
+    waiting: Mutex<Option<String>>,
     /// The shadow candidate and its counts, while one runs.
     shadow: Mutex<Option<ShadowView>>,
     /// Parked keys: how many, and the first few.
@@ -560,23 +563,52 @@ impl SubscriptionStatus {
             .collect()
     }
 
-    /// Ready: synced, every shard of the stream read by someone (see
-    /// [`Coverage::problem`]), and every shard this instance reads
-    /// positioned.
+    /// Marks the subscription as running nothing here and why (`None`:
+    /// it runs): it waits for the fleet's version (`crate::rollout`).
+    pub(crate) fn set_waiting(&self, why: Option<String>) {
+        *self.waiting.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    /// Why it runs nothing here, while it does not.
+    pub(crate) fn waiting(&self) -> Option<String> {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Ready: running its fleet's version, synced, every shard of the
+    /// stream read by someone (see [`Coverage::problem`]), and every shard
+    /// this instance reads positioned.
     pub(crate) fn ready(&self) -> bool {
-        self.synced.load(Ordering::Relaxed)
-            && self
-                .coverage
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .problem(Instant::now())
-                .is_none()
-            && self
-                .shards
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .all(|s| s.state != ShardState::Opening)
+        self.not_ready().is_none()
+    }
+
+    /// Why it is not ready, if it is not: the first reason of those
+    /// [`Self::ready`] names.
+    pub(crate) fn not_ready(&self) -> Option<String> {
+        if let Some(why) = self.waiting() {
+            return Some(format!("runs nothing here: {why}"));
+        }
+        if !self.synced.load(Ordering::Relaxed) {
+            return Some("its first shard sync has not completed".to_owned());
+        }
+        if let Some(problem) = self
+            .coverage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .problem(Instant::now())
+        {
+            return Some(problem);
+        }
+        let opening = self
+            .shards
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|s| s.state == ShardState::Opening)
+            .count();
+        (opening > 0).then(|| format!("{opening} shard(s) it took are still opening"))
     }
 }
 

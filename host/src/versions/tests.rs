@@ -13,7 +13,23 @@ fn apply(v: &FleetVersions, c: Command) -> FleetVersions {
 
 fn deployed(digests: &[u8]) -> FleetVersions {
     digests.iter().fold(FleetVersions::default(), |v, n| {
-        apply(&v, Command::Deploy(d(*n)))
+        apply(&v, Command::Deploy(d(*n).into()))
+    })
+}
+
+/// A version stored in `store`.
+fn in_store(n: u8, store: &str) -> Stored {
+    Stored {
+        digest: d(n),
+        location: Some(store.to_owned()),
+    }
+}
+
+fn canary(n: u8) -> Command {
+    Command::Canary(CanaryStart {
+        candidate: d(n).into(),
+        key_fraction: 0.1,
+        rules: CanaryRules::default(),
     })
 }
 
@@ -31,9 +47,11 @@ fn every_change_moves_the_revision_and_is_recorded() {
         .collect();
     assert_eq!(actions, [(Action::Deploy, d(1)), (Action::Deploy, d(2))]);
     assert!(matches!(
-        v.apply(Command::Deploy(d(2)), "t", 0),
+        v.apply(Command::Deploy(d(2).into()), "t", 0),
         Err(VersionsError::Unchanged(_))
     ));
+    let revisions: Vec<u64> = v.history.iter().map(|c| c.revision).collect();
+    assert_eq!(revisions, [1, 2], "each entry names the revision it made");
 }
 
 /// Catches: a rollback that goes to the wrong version (the current one,
@@ -69,32 +87,33 @@ fn rollback_goes_to_the_version_before_or_one_named_from_the_history() {
 #[test]
 fn a_canary_is_one_at_a_time_and_decisions_name_their_candidate() {
     let v = deployed(&[1]);
-    let canary = Command::Canary {
-        candidate: d(2),
-        key_fraction: 0.1,
-        rules: CanaryRules::default(),
-    };
-    let c = apply(&v, canary.clone());
+    let c = apply(&v, canary(2));
+    let id = c.canary.as_ref().unwrap().id;
+    assert_eq!(
+        id, c.revision,
+        "a canary is known by the revision that started it"
+    );
     assert_eq!(c.canary.as_ref().unwrap().candidate, d(2));
     assert_eq!(c.running(), [&d(1), &d(2)]);
     assert_eq!(
-        c.apply(canary, "t", 0),
+        c.apply(canary(2), "t", 0),
         Err(VersionsError::CanaryRunning(d(2)))
     );
     assert_eq!(
-        c.apply(Command::Deploy(d(3)), "t", 0),
+        c.apply(Command::Deploy(d(3).into()), "t", 0),
         Err(VersionsError::CanaryRunning(d(2)))
     );
     assert_eq!(
         c.apply(
-            Command::AutoRollback {
-                candidate: d(3),
+            Command::Decided {
+                rollout: id + 1,
+                promote: false,
                 note: String::new()
             },
             "t",
             0
         ),
-        Err(VersionsError::NoCanary)
+        Err(VersionsError::OtherCanary(id + 1))
     );
     let promoted = apply(&c, Command::Promote);
     assert_eq!(
@@ -103,8 +122,9 @@ fn a_canary_is_one_at_a_time_and_decisions_name_their_candidate() {
     );
     let dropped = apply(
         &c,
-        Command::AutoRollback {
-            candidate: d(2),
+        Command::Decided {
+            rollout: id,
+            promote: false,
             note: "failures 20.0 % against 0.0 %".to_owned(),
         },
     );
@@ -123,23 +143,109 @@ fn a_canary_is_one_at_a_time_and_decisions_name_their_candidate() {
         v.apply(Command::Promote, "t", 0),
         Err(VersionsError::NoCanary)
     );
+    // The same candidate deployed again is another canary: a decision
+    // about the first does not apply to it.
+    let again = apply(&dropped, canary(2));
+    let second = again.canary.as_ref().unwrap().id;
+    assert_ne!(second, id);
+    assert_eq!(
+        again.apply(
+            Command::Decided {
+                rollout: id,
+                promote: true,
+                note: String::new()
+            },
+            "t",
+            0
+        ),
+        Err(VersionsError::OtherCanary(id))
+    );
 }
 
-/// Catches: a config's bytes declared again on every restart (an old
-/// pod restarting would undo a command's deploy), or a config change
-/// that does not win.
+/// Catches: a config's plugin declared over a fleet that has versions
+/// (a restart, or a stray instance with other bytes, would undo or
+/// override a deploy), or a declaration that loses the config's canary.
 #[test]
-fn a_configs_bytes_are_declared_once() {
-    let v = apply(&FleetVersions::default(), Command::Declare(d(1)));
+fn a_config_declares_only_into_an_empty_fleet() {
+    let declare = |n: u8, canary: Option<CanaryStart>| Command::Declare {
+        stable: in_store(n, "s3://a"),
+        canary,
+        lone: false,
+    };
+    let start = CanaryStart {
+        candidate: in_store(2, "s3://a"),
+        key_fraction: 0.25,
+        rules: CanaryRules::default(),
+    };
+    let v = apply(&FleetVersions::default(), declare(1, Some(start)));
     assert_eq!(v.stable, Some(d(1)));
-    let deployed = apply(&v, Command::Deploy(d(2)));
+    assert_eq!(
+        v.canary.as_ref().map(|c| (c.candidate.clone(), c.id)),
+        Some((d(2), 1))
+    );
+    assert_eq!(v.revision, 1, "one change, one revision");
+    assert_eq!(v.artifacts.as_deref(), Some("s3://a"));
+    let actions: Vec<_> = v.history.iter().map(|c| c.action).collect();
+    assert_eq!(actions, [Action::Declared, Action::Canary]);
+    for n in [1, 3] {
+        assert!(matches!(
+            v.apply(declare(n, None), "t", 0),
+            Err(VersionsError::Unchanged(_))
+        ));
+    }
+}
+
+/// Catches: a lone host's config change lost (its config is how it is
+/// told), or a restart with bytes declared before undoing a later deploy.
+#[test]
+fn a_lone_hosts_config_declares_bytes_it_never_declared() {
+    let declare = |n: u8| Command::Declare {
+        stable: d(n).into(),
+        canary: None,
+        lone: true,
+    };
+    let v = apply(&FleetVersions::default(), declare(1));
+    let deployed = apply(&v, Command::Deploy(d(2).into()));
     assert!(matches!(
-        deployed.apply(Command::Declare(d(1)), "t", 0),
+        deployed.apply(declare(1), "t", 0),
         Err(VersionsError::Unchanged(_))
     ));
-    let new_config = apply(&deployed, Command::Declare(d(3)));
-    assert_eq!(new_config.stable, Some(d(3)));
-    assert_eq!(new_config.history.last().unwrap().action, Action::Declared);
+    let changed = apply(&deployed, declare(3));
+    assert_eq!(changed.stable, Some(d(3)));
+    assert_eq!(changed.history.last().unwrap().action, Action::Declared);
+}
+
+/// Catches: a version recorded whose bytes are in a store the fleet does
+/// not read (every instance would then wait for it for ever).
+#[test]
+fn every_version_is_in_the_fleets_store() {
+    let v = apply(
+        &FleetVersions::default(),
+        Command::Deploy(in_store(1, "s3://a")),
+    );
+    assert_eq!(v.artifacts.as_deref(), Some("s3://a"));
+    assert_eq!(
+        v.apply(Command::Deploy(in_store(2, "s3://b")), "t", 0),
+        Err(VersionsError::OtherStore {
+            fleet: "s3://a".into(),
+            given: "s3://b".into()
+        })
+    );
+    assert!(matches!(
+        v.apply(Command::Deploy(d(2).into()), "t", 0),
+        Err(VersionsError::OtherStore { .. })
+    ));
+    assert!(matches!(
+        v.apply(Command::Shadow(in_store(2, "oci://r/x")), "t", 0),
+        Err(VersionsError::OtherStore { .. })
+    ));
+    let next = apply(&v, Command::Deploy(in_store(2, "s3://a")));
+    assert_eq!(next.stable, Some(d(2)));
+    // A fleet that never had a store takes the first one a version names.
+    let bare = apply(&FleetVersions::default(), Command::Deploy(d(1).into()));
+    assert_eq!(bare.artifacts, None);
+    let stored = apply(&bare, Command::Deploy(in_store(2, "s3://a")));
+    assert_eq!(stored.artifacts.as_deref(), Some("s3://a"));
 }
 
 /// Catches: a canary judged on too few records, one rolled back for
@@ -149,6 +255,7 @@ fn a_configs_bytes_are_declared_once() {
 #[test]
 fn a_canary_is_judged_against_the_stable_version_over_enough_records() {
     let plan = CanaryPlan {
+        id: 7,
         candidate: d(2),
         key_fraction: 0.2,
         since_ms: 1_000,
@@ -159,6 +266,7 @@ fn a_canary_is_judged_against_the_stable_version_over_enough_records() {
         },
     };
     let counts = |sr, sf, cr, cf| CanaryCounts {
+        rollout: 7,
         candidate: Some(d(2)),
         stable_records: sr,
         stable_failures: sf,
@@ -198,7 +306,10 @@ fn a_canary_is_judged_against_the_stable_version_over_enough_records() {
 fn the_history_keeps_the_newest_entries() {
     let mut v = FleetVersions::default();
     for i in 0..(HISTORY_KEPT + 10) {
-        v = apply(&v, Command::Deploy(PluginDigest::of(&i.to_le_bytes())));
+        v = apply(
+            &v,
+            Command::Deploy(PluginDigest::of(&i.to_le_bytes()).into()),
+        );
     }
     assert_eq!(v.history.len(), HISTORY_KEPT);
     assert_eq!(

@@ -1,7 +1,9 @@
-//! A fault proxy: a loopback HTTP/1.1 proxy in front of an emulator that
-//! can refuse connections, reset them, delay requests, or answer chosen
-//! operations with an AWS error (throttling, say) — what a test needs to
-//! show that the host survives a bad network and a throttled service.
+//! A fault proxy: a loopback HTTP/1.1 proxy in front of an emulator (or an
+//! artifact store: moto's S3, a registry) that can refuse connections,
+//! reset them, hang (accept a request and never answer), delay requests,
+//! or answer chosen operations with an AWS error (throttling, say) — what
+//! a test needs to show that the host survives a bad network, a hung
+//! store and a throttled service.
 //!
 //! Point the host at [`FaultProxy::endpoint`] instead of the emulator's
 //! and change [`Faults`] while it runs. Every request is forwarded with
@@ -56,6 +58,9 @@ pub struct Faults {
     pub refuse: bool,
     /// Connections are accepted, then reset at once.
     pub reset: bool,
+    /// Requests are read and never answered: the connection stays open
+    /// until the client gives up (a hung store).
+    pub hang: bool,
     /// Each request waits this long before it is forwarded.
     pub delay: Duration,
     /// Requests for this operation get this error instead of an answer.
@@ -73,6 +78,7 @@ pub struct FaultProxy {
     injected: Arc<AtomicU64>,
     forwarded: Arc<AtomicU64>,
     reset: Arc<AtomicU64>,
+    hung: Arc<AtomicU64>,
     by_operation: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -102,11 +108,13 @@ impl FaultProxy {
         let injected = Arc::new(AtomicU64::new(0));
         let forwarded = Arc::new(AtomicU64::new(0));
         let reset = Arc::new(AtomicU64::new(0));
+        let hung = Arc::new(AtomicU64::new(0));
         let by_operation = Arc::default();
         let counters = Counters {
             injected: injected.clone(),
             forwarded: forwarded.clone(),
             reset: reset.clone(),
+            hung: hung.clone(),
             by_operation: Arc::clone(&by_operation),
         };
         let task = tokio::spawn(serve(Some(listener), addr, upstream, rx, counters));
@@ -116,6 +124,7 @@ impl FaultProxy {
             injected,
             forwarded,
             reset,
+            hung,
             by_operation,
             task,
         })
@@ -155,6 +164,11 @@ impl FaultProxy {
             .clone()
     }
 
+    /// Requests held unanswered (under [`Faults::hang`]) so far.
+    pub fn hung(&self) -> u64 {
+        self.hung.load(Ordering::Relaxed)
+    }
+
     /// Connections reset (under [`Faults::reset`]) so far: each one a
     /// request the client tried to send.
     pub fn reset_count(&self) -> u64 {
@@ -184,6 +198,7 @@ struct Counters {
     injected: Arc<AtomicU64>,
     forwarded: Arc<AtomicU64>,
     reset: Arc<AtomicU64>,
+    hung: Arc<AtomicU64>,
     by_operation: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
 }
 
@@ -236,6 +251,7 @@ async fn handle(
         injected,
         forwarded,
         reset,
+        hung,
         by_operation,
     } = counters;
     if faults.reset {
@@ -247,6 +263,16 @@ async fn handle(
         return Ok(());
     }
     let (head, body) = read_request(&mut client).await?;
+    if faults.hang {
+        hung.fetch_add(1, Ordering::Relaxed);
+        // Until the client closes (a read of 0), or an hour.
+        let mut buf = [0u8; 1024];
+        let _ = tokio::time::timeout(Duration::from_secs(3600), async {
+            while client.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+        })
+        .await;
+        return Ok(());
+    }
     if !faults.delay.is_zero() {
         tokio::time::sleep(faults.delay).await;
     }

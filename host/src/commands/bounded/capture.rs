@@ -126,6 +126,7 @@ impl DeadLetterSink for Capture {
             ));
         }
         Ok(Put {
+            shard: crate::ids::ShardId::new("dry-run"),
             sequence: "dry-run".to_owned(),
             data_omitted: false,
         })

@@ -366,11 +366,14 @@ impl Subscription<'_, '_> {
         }
         if let Some(keys) = raw.max_keys {
             limits.max_keys = match usize::try_from(keys) {
-                Ok(n @ 1..=300) => n,
+                Ok(n @ 1..=defaults::QUARANTINE_MAX_KEYS_LIMIT) => n,
                 _ => {
                     return Err(self.invalid(
                         "quarantine.max_keys",
-                        format!("{keys} is out of range: 1 to 300"),
+                        format!(
+                            "{keys} is out of range: 1 to {}",
+                            defaults::QUARANTINE_MAX_KEYS_LIMIT
+                        ),
                     ));
                 }
             };

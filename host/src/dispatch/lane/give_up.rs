@@ -32,11 +32,18 @@ impl<F: HandlerFactory> Lane<F> {
                     attempts: item.attempt,
                     version: version.as_ref(),
                     cause: None,
+                    parking: None,
                 };
                 // Full: blocks as `on_failure = "block"` (see the quarantine's "Bounds").
-                if self.park(&item.record, q, failure, true, stop).await? == Some(Parking::Parked) {
-                    self.settle(SettlementMsg::Settle(item.ticket)).await;
-                    return Ok(None);
+                match self.park(&item.record, q, failure, true, stop).await? {
+                    Some(Parking::Parked) => {
+                        self.settle(SettlementMsg::Settle(item.ticket)).await;
+                        return Ok(None);
+                    }
+                    // The lease is another's: the record is theirs to read
+                    // again; it stays unsettled here (its session is over).
+                    Some(Parking::Fenced) => return Ok(None),
+                    Some(Parking::Released) | None => {}
                 }
                 self.log_blocked(&item.record, item.attempt, reason);
             }
@@ -108,12 +115,15 @@ impl<F: HandlerFactory> Lane<F> {
                 attempts: 0,
                 version: version.as_ref(),
                 cause: None,
+                parking: None,
             };
             match self.park(&item.record, q, failure, false, stop).await {
                 Err(Stopped) => return false,
                 Ok(Some(Parking::Parked)) => {
                     self.settle(SettlementMsg::Settle(item.ticket)).await;
                 }
+                // Left unsettled for the shard's new owner.
+                Ok(Some(Parking::Fenced)) => {}
                 Ok(Some(Parking::Released) | None) => kept.push(item),
             }
         }
@@ -154,6 +164,7 @@ impl<F: HandlerFactory> Lane<F> {
                     attempts,
                     version: version.as_ref(),
                     cause: None,
+                    parking: None,
                 };
                 let mut backoff = Backoff::new(DEAD_LETTER_BACKOFF.0, DEAD_LETTER_BACKOFF.1);
                 loop {

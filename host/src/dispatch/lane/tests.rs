@@ -181,6 +181,7 @@ impl DeadLetterSink for Sink {
             failure.attempts,
         ));
         Ok(Put {
+            shard: ShardId::from("dlq-0"),
             sequence: "1".into(),
             data_omitted: false,
         })

@@ -1,14 +1,14 @@
-//! A subscription's documents ([`DocKind`]: its fleet versions, its parked
-//! keys) in the lease table: one item per subscription and kind, in a
+//! A subscription's documents ([`DocKind`]: its fleet versions) in the
+//! lease table: one item per subscription and kind, in a
 //! partition no lease group can have (stream names cannot hold `!`), so no
 //! sync's Query reads it and an earlier version of the host never sees it.
 //!
 //! | attribute | type | role |
 //! |---|---|---|
-//! | `lease_group` | S | `<subscription>#!versions`, `<subscription>#!parked` |
+//! | `lease_group` | S | `<subscription>#!versions` |
 //! | `shard_id` | S | `-` |
 //! | `revision` | N | the value's revision: every write is conditional on it |
-//! | `doc` | S | the value, as JSON (the versions keep at most [`HISTORY_KEPT`] history entries, the parked keys at most 300 keys of a few hundred bytes each: well under the 400 KB an item holds) |
+//! | `doc` | S | the value, as JSON (the versions keep at most [`HISTORY_KEPT`] history entries: well under the 400 KB an item holds) |
 //!
 //! A write is a PutItem conditional on the item's absence (revision 1) or
 //! on `revision` being the one the new value was made from; a failed

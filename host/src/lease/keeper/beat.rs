@@ -130,7 +130,6 @@ impl LoadMeter {
             total,
             hottest: rates,
             settled,
-            canary: None,
         }
     }
 }
@@ -151,8 +150,7 @@ impl Keeper {
             .map(|(s, st)| (s, st.records.get()))
             .collect();
         self.load.observe(counts, now);
-        let mut load = self.load.load();
-        load.canary = self.canary.as_ref().and_then(|c| c.get());
+        let load = self.load.load();
         self.beat.writing = true;
         let store = self.store.clone();
         let (sub, stream) = (

@@ -84,6 +84,49 @@ struct Store {
 
 #[async_trait]
 impl LeaseStore for Store {
+    async fn read_items(
+        &self,
+        subscription: &SubscriptionName,
+        kind: crate::lease::ItemKind,
+    ) -> Result<Vec<crate::lease::Item>, LeaseError> {
+        self.inner.read_items(subscription, kind).await
+    }
+
+    async fn read_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: crate::lease::ItemKind,
+        key: &str,
+    ) -> Result<Option<crate::lease::Item>, LeaseError> {
+        self.inner.read_item(subscription, kind, key).await
+    }
+
+    async fn write_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: crate::lease::ItemKind,
+        key: &str,
+        revision: u64,
+        doc: String,
+        fence: Option<&crate::lease::Fence>,
+    ) -> Result<crate::lease::ItemWrite, LeaseError> {
+        self.inner
+            .write_item(subscription, kind, key, revision, doc, fence)
+            .await
+    }
+
+    async fn delete_item(
+        &self,
+        subscription: &SubscriptionName,
+        kind: crate::lease::ItemKind,
+        key: &str,
+        revision: u64,
+    ) -> Result<bool, LeaseError> {
+        self.inner
+            .delete_item(subscription, kind, key, revision)
+            .await
+    }
+
     async fn read_doc(
         &self,
         subscription: &SubscriptionName,

@@ -436,7 +436,6 @@ fn beat(owner: &str, counter: u64, total: f64, hottest: &[(&str, f64)]) -> Heart
                 .map(|(s, r)| (ShardId::from(*s), *r))
                 .collect(),
             settled: true,
-            canary: None,
         },
         asks: 0,
     }
@@ -762,7 +761,6 @@ fn load_moves_a_hot_shard_when_it_clearly_helps_and_never_back() {
         total: 60.0,
         hottest: vec![("s0".into(), 60.0)],
         settled: true,
-        canary: None,
     };
     let beats = [
         beat("a", 2, 60.0, &[("s0", 60.0)]),
@@ -772,7 +770,6 @@ fn load_moves_a_hot_shard_when_it_clearly_helps_and_never_back() {
         total: 40.0,
         hottest: vec![("s1".into(), 40.0)],
         settled: true,
-        canary: None,
     };
     let plan = plan_with(
         &mut Planner::new(),
@@ -810,7 +807,6 @@ fn load_moves_a_hot_shard_when_it_clearly_helps_and_never_back() {
         total: 10.0,
         hottest: vec![],
         settled: true,
-        canary: None,
     };
     let plan = plan_with(
         &mut Planner::new(),

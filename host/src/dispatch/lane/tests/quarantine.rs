@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::*;
 use crate::failure::Quarantine;
 use crate::lease::memory::MemoryLeaseStore;
-use crate::lease::{DocKind, LeaseStore, read_typed};
-use crate::parked::ParkedKeys;
+use crate::lease::{ItemKind, LeaseKey, LeaseStore};
+use crate::parked::ParkedKey;
 
 /// A record at `offset` with partition key `key`.
 fn keyed(offset: u64, key: &str) -> Delivery {
@@ -47,11 +47,33 @@ fn quarantine(
     (policy, made.expect("a quarantine policy"))
 }
 
-async fn parked(store: &MemoryLeaseStore) -> ParkedKeys {
-    read_typed(store, &"s".into(), DocKind::Parked)
+/// The parked keys' items, by key.
+async fn parked(store: &MemoryLeaseStore) -> std::collections::BTreeMap<String, ParkedKey> {
+    store
+        .read_items(&"s".into(), ItemKind::Parked)
         .await
         .unwrap()
-        .unwrap_or_default()
+        .iter()
+        .map(|item| {
+            (
+                item.key.clone(),
+                crate::failure::decode_parked(item).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A memory store where instance `me` holds the test records' shard
+/// (only the lease holder parks).
+async fn store() -> Arc<MemoryLeaseStore> {
+    let store = Arc::new(MemoryLeaseStore::new());
+    let lease = LeaseKey {
+        subscription: "s".into(),
+        stream: "orders".into(),
+        shard: "shard-0".into(),
+    };
+    store.acquire(&lease, &"me".into(), None).await.unwrap();
+    store
 }
 
 const QUARANTINE: &str = "on_failure = \"quarantine\"\ndead_letter_stream = \"dlq\"\nmax_attempts = 2\nquarantine = { max_keys = 1, max_records = 4 }";
@@ -59,7 +81,7 @@ const QUARANTINE: &str = "on_failure = \"quarantine\"\ndead_letter_stream = \"dl
 #[tokio::test(start_paused = true)]
 async fn a_poison_record_parks_its_key_and_the_other_keys_flow() {
     let sub = subscription(QUARANTINE);
-    let store = Arc::new(MemoryLeaseStore::new());
+    let store = store().await;
     let sink = Sink::new("dlq", 1);
     let (policy, q) = quarantine(&sub, &store, sink.clone());
     // The poison record fails twice (max_attempts = 2); the rest ack.
@@ -92,7 +114,7 @@ async fn a_poison_record_parks_its_key_and_the_other_keys_flow() {
     settled.sort_unstable();
     assert_eq!(settled, vec![0, 1, 2, 3, 4, 5], "parked records settle");
     let doc = parked(&store).await;
-    let key = &doc.keys["poison"];
+    let key = &doc["poison"];
     assert_eq!(key.records, 3);
     assert!(key.reason.contains("retry: later"), "{}", key.reason);
     assert_eq!(key.first.sequence, "1000");
@@ -124,7 +146,7 @@ async fn a_poison_record_parks_its_key_and_the_other_keys_flow() {
         vec![calls(&[(7, 1)], 0)],
         "still parked after a restart"
     );
-    assert_eq!(parked(&store).await.keys["poison"].records, 4);
+    assert_eq!(parked(&store).await["poison"].records, 4);
 
     // At max_records a later record of the key waits (it is neither handled
     // nor dropped) until the key is released.
@@ -147,7 +169,7 @@ async fn a_poison_record_parks_its_key_and_the_other_keys_flow() {
 #[tokio::test(start_paused = true)]
 async fn a_full_quarantine_blocks_instead_of_losing_order() {
     let sub = subscription(QUARANTINE);
-    let store = Arc::new(MemoryLeaseStore::new());
+    let store = store().await;
     let sink = Sink::new("dlq", 0);
     let (policy, _q) = quarantine(&sub, &store, sink.clone());
     // Key x parks (max_keys = 1); key y then has no room: it blocks.
@@ -161,7 +183,7 @@ async fn a_full_quarantine_blocks_instead_of_losing_order() {
     )
     .await;
     let doc = parked(&store).await;
-    assert_eq!(doc.keys.keys().collect::<Vec<_>>(), vec!["x"]);
+    assert_eq!(doc.keys().collect::<Vec<_>>(), vec!["x"]);
     assert_eq!(run.settled, vec![0], "y is neither parked nor skipped");
     assert!(
         script.calls().iter().all(|c| c.records[0].0 != 2),
