@@ -32,5 +32,6 @@ mod packaging;
 mod pipeline;
 mod repair;
 mod state;
+mod store_faults;
 mod traces;
 mod versions;

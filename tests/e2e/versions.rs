@@ -114,7 +114,11 @@ pub(crate) fn handled_by(lines: &[LogLine]) -> Vec<String> {
 
 /// Waits until every host handles a record with `digest` (a short one);
 /// returns how long that took.
-pub(crate) async fn all_run(hosts: &mut [&mut HostProcess], digest: &str, within: Duration) -> Duration {
+pub(crate) async fn all_run(
+    hosts: &mut [&mut HostProcess],
+    digest: &str,
+    within: Duration,
+) -> Duration {
     let started = Instant::now();
     for host in hosts.iter_mut() {
         host.wait_for(&format!("a record handled by {digest}"), within, |lines| {
