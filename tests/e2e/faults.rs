@@ -404,6 +404,7 @@ async fn writes_failing_at_once_are_retried_with_backoff_not_in_a_loop() {
             operation: "UpdateItem".to_owned(),
             error: "AccessDeniedException".to_owned(),
             status: 400,
+            body: None,
         }),
         ..Faults::default()
     };

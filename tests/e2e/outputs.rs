@@ -130,6 +130,7 @@ async fn an_input_stays_unsettled_until_its_outputs_are_put() {
             operation: "PutRecords".into(),
             error: "InternalFailure".into(),
             status: 500,
+            body: None,
         }),
         ..Faults::default()
     });

@@ -38,6 +38,9 @@ pub struct Injection {
     pub error: String,
     /// The HTTP status (400 for throttling).
     pub status: u16,
+    /// Only requests whose body holds this (e.g. `"StreamName":"orders"`,
+    /// to fault one stream's calls and not another's).
+    pub body: Option<String>,
 }
 
 impl Injection {
@@ -47,6 +50,15 @@ impl Injection {
             operation: operation.to_owned(),
             error: "ProvisionedThroughputExceededException".to_owned(),
             status: 400,
+            body: None,
+        }
+    }
+
+    /// Throttling for `operation` on the requests whose body holds `body`.
+    pub fn throttle_where(operation: &str, body: &str) -> Self {
+        Self {
+            body: Some(body.to_owned()),
+            ..Self::throttle(operation)
         }
     }
 }
@@ -279,6 +291,10 @@ async fn handle(
     let target = header(&head, "x-amz-target").unwrap_or_default();
     if let Some(inject) = &faults.inject
         && target.contains(&inject.operation)
+        && inject.body.as_ref().is_none_or(|held| {
+            body.windows(held.len().max(1))
+                .any(|w| w == held.as_bytes())
+        })
     {
         injected.fetch_add(1, Ordering::Relaxed);
         let body = format!(
