@@ -169,5 +169,6 @@ pub mod bench {
     pub use crate::progress::Ticket;
     pub use crate::settlement::{SETTLEMENT_QUEUE, Settlement, SettlementMsg};
     pub use crate::state::CallState;
+    pub use crate::swap::{Installed, PluginSlot};
     pub use crate::telemetry::Telemetry;
 }

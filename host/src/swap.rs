@@ -85,6 +85,7 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// The versions the fleet says to run, got and compiled: what
 /// [`PluginSlot::set`] installs.
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) struct Installed {
     /// The stable version.
     pub stable: Arc<Plugin>,
@@ -103,6 +104,7 @@ struct Versions {
 }
 
 /// The current plugin versions of a subscription (see the module docs).
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) struct PluginSlot {
     host: PluginHost,
     path: PathBuf,
@@ -121,6 +123,7 @@ pub(crate) struct PluginSlot {
 
 impl PluginSlot {
     /// A slot holding `plugin`, loaded from `path`.
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
     pub(crate) fn new(
         host: PluginHost,
         plugin: Plugin,
@@ -166,6 +169,7 @@ impl PluginSlot {
     }
 
     /// The stable version.
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
     pub(crate) fn current(&self) -> Arc<Plugin> {
         self.versions().stable
     }
@@ -265,6 +269,7 @@ impl PluginSlot {
     ///
     /// # Errors
     /// A [`PluginError`] naming the reason.
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
     pub(crate) async fn prepare_shadow(
         &self,
         bytes: Vec<u8>,
@@ -320,6 +325,7 @@ impl PluginSlot {
     }
 
     /// The running shadow's candidate and counters, if one runs.
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
     pub(crate) fn shadow(&self) -> Option<(PluginDigest, [u64; 5])> {
         self.versions()
             .shadow
@@ -338,6 +344,7 @@ impl PluginSlot {
     /// even with the same bytes (a canary deployed again). `since` is when
     /// the change began here (its fetch and compile included), for the log
     /// line.
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
     pub(crate) async fn set(&self, installed: Installed, origin: &str, since: Instant) {
         let _one_at_a_time = self.swapping.lock().await;
         let Installed {

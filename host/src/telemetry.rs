@@ -295,6 +295,7 @@ impl Telemetry {
     }
 
     /// The status of a subscription, made on first use.
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
     pub(crate) fn subscription(
         &self,
         name: &SubscriptionName,

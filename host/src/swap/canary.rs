@@ -175,6 +175,7 @@ impl Canary {
 /// A lane's handler: an instance of the stable version and, while a
 /// canary runs, one of the candidate, picked per record by partition key
 /// (see "Canary" in the module docs).
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) struct SlotInstance {
     stable: Instance,
     canary: Option<CanaryInstance>,

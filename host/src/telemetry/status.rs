@@ -237,6 +237,7 @@ pub(crate) const HISTORY_SHOWN: usize = 10;
 
 /// A subscription as the status page and `/readyz` see it (module docs).
 #[derive(Debug, Default)]
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) struct SubscriptionStatus {
     mode: String,
     digest: Mutex<String>,
