@@ -24,7 +24,14 @@ fn env_or(name: &str, default: usize) -> anyhow::Result<usize> {
     }
 }
 
-fn config(table: &str, stream: &str, dlq: &str, plugin: &std::path::Path, keys: usize, workers: usize) -> String {
+fn config(
+    table: &str,
+    stream: &str,
+    dlq: &str,
+    plugin: &std::path::Path,
+    keys: usize,
+    workers: usize,
+) -> String {
     format!(
         r#"
 [aws]

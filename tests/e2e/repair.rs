@@ -523,16 +523,7 @@ async fn a_poison_key_is_parked_while_the_other_keys_flow_and_stays_parked_acros
     let env = env(&kinesis, &dynalite);
     // One lane for all 50 keys; the poison record asks to retry until
     // attempt 100, far past max_attempts.
-    let config = dynamodb_config(
-        "live",
-        &table,
-        &stream,
-        &guests.retry,
-        QUICK_LEASES,
-        &format!(
-            "max_attempts = 3\nretry_backoff = {{ initial = \"20ms\", max = \"50ms\" }}\non_failure = \"quarantine\"\ndead_letter_stream = \"{dlq}\""
-        ),
-    );
+    let config = quarantined(&guests, &table, &stream, &dlq, 3);
     let mut records = Vec::new();
     for round in 0..4 {
         for key in 0..50 {
@@ -627,22 +618,7 @@ async fn a_poison_key_is_parked_while_the_other_keys_flow_and_stays_parked_acros
 
     // A redrive of the key through a fixed version brings its records back
     // in order and releases it; the service then handles its next record.
-    let echo = guests.echo.to_str().unwrap();
-    let redrive_key = [
-        "--subscription",
-        "fleet",
-        "--key",
-        "key-0",
-        "--plugin",
-        echo,
-    ];
-    let (redrive, status) = run_cli("redrive", &config, &redrive_key, &env).await;
-    assert!(
-        status.success(),
-        "{}\n{}",
-        redrive.stderr(),
-        summary(&redrive)
-    );
+    let redrive = redrive_key(&guests, &config, "key-0", &env).await;
     assert_eq!(
         echoed(&redrive.lines()),
         vec![
@@ -671,7 +647,16 @@ async fn a_poison_key_is_parked_while_the_other_keys_flow_and_stays_parked_acros
         })
         .await
         .unwrap();
-    let (twice, status) = run_cli("redrive", &config, &redrive_key, &env).await;
+    let echo = guests.echo.to_str().unwrap();
+    let again_args = [
+        "--subscription",
+        "fleet",
+        "--key",
+        "key-0",
+        "--plugin",
+        echo,
+    ];
+    let (twice, status) = run_cli("redrive", &config, &again_args, &env).await;
     assert!(!status.success());
     assert!(
         twice
@@ -681,6 +666,55 @@ async fn a_poison_key_is_parked_while_the_other_keys_flow_and_stays_parked_acros
         twice.stderr()
     );
     again.terminate().await.unwrap();
+}
+
+/// A fleet member's config reading `stream` through the retry guest,
+/// quarantining to `dlq` after `max_attempts` (quick retries).
+fn quarantined(
+    guests: &guests::Guests,
+    table: &str,
+    stream: &str,
+    dlq: &str,
+    max_attempts: u32,
+) -> String {
+    dynamodb_config(
+        "live",
+        table,
+        stream,
+        &guests.retry,
+        QUICK_LEASES,
+        &format!(
+            "max_attempts = {max_attempts}\nretry_backoff = {{ initial = \"20ms\", max = \"50ms\" }}\non_failure = \"quarantine\"\ndead_letter_stream = \"{dlq}\""
+        ),
+    )
+}
+
+/// Records parked in `lines` (the host's log line for each).
+fn parks(lines: &[LogLine]) -> usize {
+    lines
+        .iter()
+        .filter(|l| field(l, "message") == "record parked: its key is quarantined")
+        .count()
+}
+
+/// `shardlane redrive --key key` through the echo example, which must
+/// succeed; its process.
+async fn redrive_key(
+    guests: &guests::Guests,
+    config: &str,
+    key: &str,
+    env: &[(&str, &str)],
+) -> HostProcess {
+    let echo = guests.echo.to_str().unwrap();
+    let args = ["--subscription", "fleet", "--key", key, "--plugin", echo];
+    let (redrive, status) = run_cli("redrive", config, &args, env).await;
+    assert!(
+        status.success(),
+        "{}\n{}",
+        redrive.stderr(),
+        summary(&redrive)
+    );
+    redrive
 }
 
 /// `shardlane quarantine list` of subscription `fleet`: its stdout.
@@ -940,17 +974,8 @@ async fn a_crash_between_park_and_checkpoint_redrives_each_record_once_in_order(
     let env = env(&kinesis, &dynalite);
     // No checkpoint within the test before the kill: every parked record
     // is read and parked again after it.
-    let config = dynamodb_config(
-        "live",
-        &table,
-        &stream,
-        &guests.retry,
-        QUICK_LEASES,
-        &format!(
-            "max_attempts = 2\nretry_backoff = {{ initial = \"20ms\", max = \"50ms\" }}\non_failure = \"quarantine\"\ndead_letter_stream = \"{dlq}\""
-        ),
-    )
-    .replace("checkpoint_every = \"200ms\"", "checkpoint_every = \"10m\"");
+    let config = quarantined(&guests, &table, &stream, &dlq, 2)
+        .replace("checkpoint_every = \"200ms\"", "checkpoint_every = \"10m\"");
     let records: Vec<(String, Vec<u8>)> = ["hold:100", "key-0#1", "key-0#2"]
         .iter()
         .map(|d| ("key-0".to_owned(), d.as_bytes().to_vec()))
@@ -960,11 +985,7 @@ async fn a_crash_between_park_and_checkpoint_redrives_each_record_once_in_order(
     let mut service = HostProcess::start_with(shardlane_bin(), &config, &env).unwrap();
     service
         .wait_for("key-0 parked", Duration::from_secs(60), |lines| {
-            lines
-                .iter()
-                .filter(|l| field(l, "message") == "record parked: its key is quarantined")
-                .count()
-                == 3
+            parks(lines) == 3
         })
         .await
         .unwrap();
@@ -974,11 +995,7 @@ async fn a_crash_between_park_and_checkpoint_redrives_each_record_once_in_order(
     let mut again = HostProcess::start_with(shardlane_bin(), &config, &env).unwrap();
     again
         .wait_for("key-0 parked again", Duration::from_secs(60), |lines| {
-            lines
-                .iter()
-                .filter(|l| field(l, "message") == "record parked: its key is quarantined")
-                .count()
-                == 3
+            parks(lines) == 3
         })
         .await
         .unwrap();
@@ -998,22 +1015,7 @@ async fn a_crash_between_park_and_checkpoint_redrives_each_record_once_in_order(
         "counted once: {row}"
     );
 
-    let echo = guests.echo.to_str().unwrap();
-    let args = [
-        "--subscription",
-        "fleet",
-        "--key",
-        "key-0",
-        "--plugin",
-        echo,
-    ];
-    let (redrive, status) = run_cli("redrive", &config, &args, &env).await;
-    assert!(
-        status.success(),
-        "{}\n{}",
-        redrive.stderr(),
-        summary(&redrive)
-    );
+    let redrive = redrive_key(&guests, &config, "key-0", &env).await;
     assert_eq!(
         echoed(&redrive.lines()),
         vec![

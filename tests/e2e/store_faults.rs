@@ -66,6 +66,14 @@ async fn ready_as(
     }
 }
 
+/// moto's S3 with a bucket `fleet`, and a fault proxy in front of it.
+async fn s3_behind_a_proxy() -> (S3Emulator, FaultProxy) {
+    let s3 = S3Emulator::start().await.unwrap();
+    s3.create_bucket("fleet").await.unwrap();
+    let proxy = FaultProxy::start(s3.endpoint()).await.unwrap();
+    (s3, proxy)
+}
+
 fn leases_taken(host: &HostProcess) -> usize {
     host.lines()
         .iter()
@@ -79,9 +87,7 @@ fn leases_taken(host: &HostProcess) -> usize {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fresh_instance_runs_the_fleets_version_or_nothing_while_the_store_is_down() {
     let rig = Rig::start("store-down", 4).await;
-    let s3 = S3Emulator::start().await.unwrap();
-    s3.create_bucket("fleet").await.unwrap();
-    let proxy = FaultProxy::start(s3.endpoint()).await.unwrap();
+    let (_s3, proxy) = s3_behind_a_proxy().await;
     let endpoint = proxy.endpoint();
     let mut env: Vec<(&str, &str)> = env(&rig.kinesis, &rig.dynalite).to_vec();
     env.push(("AWS_ENDPOINT_URL_S3", &endpoint));
@@ -245,9 +251,7 @@ async fn sigterm_during_a_hung_fetch_stops_within_shutdown_timeout() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_candidate_that_cannot_be_had_runs_on_stable_and_another_store_is_refused() {
     let rig = Rig::start("store-canary", 2).await;
-    let s3 = S3Emulator::start().await.unwrap();
-    s3.create_bucket("fleet").await.unwrap();
-    let proxy = FaultProxy::start(s3.endpoint()).await.unwrap();
+    let (_s3, proxy) = s3_behind_a_proxy().await;
     let endpoint = proxy.endpoint();
     let mut env: Vec<(&str, &str)> = env(&rig.kinesis, &rig.dynalite).to_vec();
     env.push(("AWS_ENDPOINT_URL_S3", &endpoint));

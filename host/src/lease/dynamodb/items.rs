@@ -22,12 +22,10 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::error::{Kind, failed, kind as kind_of};
+use super::versions::{DOC, REVISION};
 use super::{DynamoDbLeaseStore, GROUP, OWNER, SHARD, n, s};
 use crate::ids::SubscriptionName;
 use crate::lease::{Fence, Item, ItemKind, ItemWrite, LeaseError};
-
-const REVISION: &str = "revision";
-const DOC: &str = "doc";
 
 fn group(subscription: &SubscriptionName, kind: ItemKind) -> String {
     format!("{subscription}#!{}", kind.name())
@@ -123,24 +121,11 @@ impl DynamoDbLeaseStore {
             (REVISION.to_owned(), n(revision)),
             (DOC.to_owned(), s(&doc)),
         ]);
-        let request = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .expression_attribute_names("#r", REVISION);
-        let request = if revision <= 1 {
-            request.condition_expression("attribute_not_exists(#r)")
+        Ok(if self.put_at_revision(item, revision).await? {
+            ItemWrite::Written
         } else {
-            request
-                .condition_expression("#r = :seen")
-                .expression_attribute_values(":seen", n(revision - 1))
-        };
-        match request.send().await {
-            Ok(_) => Ok(ItemWrite::Written),
-            Err(e) if kind_of(&e) == Some(Kind::ConditionFailed) => Ok(ItemWrite::Changed),
-            Err(e) => Err(failed(e)),
-        }
+            ItemWrite::Changed
+        })
     }
 
     pub(super) async fn remove_item(

@@ -26,8 +26,10 @@ use super::{DynamoDbLeaseStore, GROUP, SHARD, n, s};
 use crate::ids::SubscriptionName;
 use crate::lease::{DocKind, LeaseError};
 
-const REVISION: &str = "revision";
-const DOC: &str = "doc";
+/// The attribute every document's and item's write is conditional on.
+pub(super) const REVISION: &str = "revision";
+/// The attribute holding a document or an item.
+pub(super) const DOC: &str = "doc";
 
 fn key(subscription: &SubscriptionName, kind: DocKind) -> HashMap<String, AttributeValue> {
     HashMap::from([
@@ -75,6 +77,17 @@ impl DynamoDbLeaseStore {
         let mut item = key(subscription, kind);
         item.insert(REVISION.to_owned(), n(revision));
         item.insert(DOC.to_owned(), s(&doc));
+        self.put_at_revision(item, revision).await
+    }
+
+    /// Puts `item`, whose `revision` attribute is `revision`, if the
+    /// stored one's is `revision - 1` (absent for revision 1): false when
+    /// another write came first. Documents and items alike.
+    pub(super) async fn put_at_revision(
+        &self,
+        item: HashMap<String, AttributeValue>,
+        revision: u64,
+    ) -> Result<bool, LeaseError> {
         let request = self
             .client
             .put_item()
