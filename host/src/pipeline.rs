@@ -57,7 +57,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::channel::{self, DeliveryReceiver};
+use crate::channel::{self, DeliveryReceiver, DeliverySender};
 use crate::config::{LeaseConfig, SubscriptionConfig};
 use crate::dispatch::Dispatcher;
 use crate::failure::{DeadLetterSink, DeadLetters, Policy, Quarantine};
@@ -70,10 +70,10 @@ use crate::outputs::{OutputStage, PUBLISH_QUEUE, PutRecords};
 use crate::reader::pool::ReaderPool;
 use crate::reader::range::Range;
 use crate::reader::{BeforeRead, Decode, FanOut, ReaderContext, ShardSubscriber};
-use crate::settlement::{SETTLEMENT_QUEUE, Settlement};
+use crate::settlement::{SETTLEMENT_QUEUE, Settlement, SettlementMsg};
 use crate::state::{StateMetrics, StateStage};
 use crate::swap::PluginSlot;
-use crate::telemetry::Telemetry;
+use crate::telemetry::{SubscriptionStatus, Telemetry};
 
 /// What a subscription's pipeline is built from.
 pub(crate) struct Parts {
@@ -188,22 +188,77 @@ fn state_stage(
     })
 }
 
+impl Parts {
+    /// The failure policy, its quarantine reporting to `status`.
+    fn policy(&self, status: &Arc<SubscriptionStatus>) -> Policy {
+        let sub = &self.subscription;
+        failure_policy(sub, &self.kinesis, self.effects.as_ref(), |sink| {
+            Arc::new(Quarantine::new(
+                sub.name.clone(),
+                self.store.clone(),
+                sink,
+                sub.failure.quarantine,
+                self.owner.clone(),
+                &self.telemetry,
+                status.clone(),
+            ))
+        })
+    }
+
+    /// Where acked records' outputs go: Kinesis, or a dry run's capture.
+    fn outputs_sink(&self) -> Arc<dyn PutRecords> {
+        match &self.effects {
+            Some(effects) => effects.outputs.clone(),
+            None => Arc::new(self.kinesis.clone()),
+        }
+    }
+
+    /// What the reader pool's readers share.
+    fn reader_context(
+        &self,
+        deliveries: DeliverySender,
+        settlement: mpsc::Sender<SettlementMsg>,
+        status: Arc<SubscriptionStatus>,
+        before_read: Option<Arc<dyn BeforeRead>>,
+    ) -> ReaderContext {
+        ReaderContext {
+            reads: Arc::new(self.kinesis.clone()),
+            fan_out: self.fan_out.clone().map(|consumer| {
+                Arc::new(FanOut {
+                    kinesis: self.kinesis.clone(),
+                    consumer,
+                }) as Arc<dyn ShardSubscriber>
+            }),
+            subscription: self.subscription.clone(),
+            deliveries,
+            settlement,
+            telemetry: self.telemetry.clone(),
+            status,
+            range: self.range.clone(),
+            before_read,
+            decode: self.decode.clone(),
+        }
+    }
+
+    /// The lease keeper, committing `state`'s writes with its checkpoints.
+    fn keeper(&self, status: Arc<SubscriptionStatus>, state: Option<Arc<StateStage>>) -> Keeper {
+        Keeper::new(
+            self.subscription.clone(),
+            self.lease.clone(),
+            self.owner.clone(),
+            self.store.clone(),
+            Arc::new(self.kinesis.clone()),
+            status,
+            self.telemetry.clone(),
+        )
+        .with_state(state.map(|s| s as Arc<dyn CheckpointState>))
+    }
+}
+
 impl Pipeline {
     /// Wires and starts the stages of one subscription (module docs).
     pub(crate) fn start(parts: Parts) -> Self {
-        let Parts {
-            subscription: sub,
-            slot,
-            kinesis,
-            fan_out,
-            store,
-            lease,
-            owner,
-            telemetry,
-            range,
-            effects,
-            decode,
-        } = parts;
+        let (sub, telemetry) = (parts.subscription.clone(), parts.telemetry.clone());
         let status = telemetry.subscription(&sub.name, sub.mode());
         let (deliveries_tx, deliveries_rx) = channel::channel();
         let (settle_tx, settle_rx) = mpsc::channel(SETTLEMENT_QUEUE);
@@ -211,26 +266,18 @@ impl Pipeline {
         let (assign_tx, assign_rx) = mpsc::channel::<Assignment>(ASSIGNMENT_QUEUE);
         let (publish_tx, publish_rx) = mpsc::channel(PUBLISH_QUEUE);
         report_fill(&telemetry, &sub, &deliveries_rx);
-        let stop = CancellationToken::new();
-        let hard_stop = CancellationToken::new();
+        let (stop, hard_stop) = (CancellationToken::new(), CancellationToken::new());
         let settlement = Settlement::new(sub.name.clone(), sub.checkpoint_every, checkpoint_tx)
             .with_telemetry(&telemetry);
-        let state = state_stage(&sub, &store, &telemetry);
-        let policy = failure_policy(&sub, &kinesis, effects.as_ref(), |sink| {
-            Arc::new(Quarantine::new(
-                sub.name.clone(),
-                store.clone(),
-                sink,
-                sub.failure.quarantine,
-                owner.clone(),
-                &telemetry,
-                status.clone(),
-            ))
-        });
-        let quarantine = policy.quarantine().cloned();
+        let state = state_stage(&sub, &parts.store, &telemetry);
+        let policy = parts.policy(&status);
+        let before_read = policy
+            .quarantine()
+            .cloned()
+            .map(|q| q as Arc<dyn BeforeRead>);
         let dispatcher = Dispatcher::new(
             sub.clone(),
-            slot.clone(),
+            parts.slot.clone(),
             policy,
             settle_tx.clone(),
             publish_tx,
@@ -240,47 +287,19 @@ impl Pipeline {
         let outputs = OutputStage::new(
             sub.name.clone(),
             sub.sandbox.grants.outputs.iter().cloned(),
-            match &effects {
-                Some(effects) => effects.outputs.clone(),
-                None => Arc::new(kinesis.clone()),
-            },
+            parts.outputs_sink(),
             settle_tx.clone(),
             &telemetry,
         );
-        let pool = ReaderPool::new(ReaderContext {
-            reads: Arc::new(kinesis.clone()),
-            fan_out: fan_out.map(|consumer| {
-                Arc::new(FanOut {
-                    kinesis: kinesis.clone(),
-                    consumer,
-                }) as Arc<dyn ShardSubscriber>
-            }),
-            subscription: sub.clone(),
-            deliveries: deliveries_tx,
-            settlement: settle_tx,
-            telemetry: telemetry.clone(),
-            status: status.clone(),
-            range,
-            before_read: quarantine.map(|q| q as Arc<dyn BeforeRead>),
-            decode,
-        });
-        let keeper = Keeper::new(
-            sub.clone(),
-            lease,
-            owner,
-            store,
-            Arc::new(kinesis),
-            status,
-            telemetry,
-        )
-        .with_state(state.map(|s| s as Arc<dyn CheckpointState>));
+        let readers = parts.reader_context(deliveries_tx, settle_tx, status.clone(), before_read);
+        let keeper = parts.keeper(status, state);
         Self {
             name: sub.name.clone(),
             shutdown_timeout: sub.shutdown_timeout,
             settlement: tokio::spawn(settlement.run(settle_rx)),
             dispatch: tokio::spawn(dispatcher.run(deliveries_rx, hard_stop.clone())),
             outputs: tokio::spawn(outputs.run(publish_rx, hard_stop.clone())),
-            readers: tokio::spawn(pool.run(assign_rx)),
+            readers: tokio::spawn(ReaderPool::new(readers).run(assign_rx)),
             keeper: tokio::spawn(keeper.run(assign_tx, checkpoint_rx, stop.clone())),
             stop,
             hard_stop,

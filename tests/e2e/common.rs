@@ -10,14 +10,14 @@ use shardlane_testkit::{HostProcess, Kinesis, LogLine};
 use tokio::task::JoinHandle;
 
 /// The host binary under test.
-pub fn shardlane_bin() -> &'static Path {
+pub(crate) fn shardlane_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_shardlane"))
 }
 
 /// A one-subscription config for `stream` (in-memory leases, an admin
 /// server on a free port), with extra lines appended to the subscription
 /// block; append more blocks with [`subscription`].
-pub fn config(name: &str, stream: &str, plugin: &Path, extra: &str) -> String {
+pub(crate) fn config(name: &str, stream: &str, plugin: &Path, extra: &str) -> String {
     format!(
         r#"
 [aws]
@@ -38,7 +38,7 @@ shard_sync_every = "1s"
 /// `extra` lines appended. Tests count guest log lines, so the log rate
 /// limit is lifted, and the read budget raised to 20 reads a second,
 /// unless `extra` sets them.
-pub fn subscription(name: &str, stream: &str, plugin: &Path, extra: &str) -> String {
+pub(crate) fn subscription(name: &str, stream: &str, plugin: &Path, extra: &str) -> String {
     let log_rate = if extra.contains("log_rate") {
         ""
     } else {
@@ -66,12 +66,12 @@ checkpoint_every = "200ms"
 }
 
 /// The string value of a field of a JSON log line.
-pub fn field<'a>(line: &'a LogLine, name: &str) -> &'a str {
+pub(crate) fn field<'a>(line: &'a LogLine, name: &str) -> &'a str {
     line[name].as_str().unwrap_or_default()
 }
 
 /// Guest log lines (`target` = `guest`) whose message starts with `prefix`.
-pub fn guest_lines<'a>(lines: &'a [LogLine], prefix: &str) -> Vec<&'a LogLine> {
+pub(crate) fn guest_lines<'a>(lines: &'a [LogLine], prefix: &str) -> Vec<&'a LogLine> {
     lines
         .iter()
         .filter(|l| field(l, "target") == "guest" && field(l, "message").starts_with(prefix))
@@ -79,7 +79,7 @@ pub fn guest_lines<'a>(lines: &'a [LogLine], prefix: &str) -> Vec<&'a LogLine> {
 }
 
 /// Groups guest lines' sequence numbers by shard, in handling order.
-pub fn sequences_by_shard(lines: &[&LogLine]) -> HashMap<String, Vec<String>> {
+pub(crate) fn sequences_by_shard(lines: &[&LogLine]) -> HashMap<String, Vec<String>> {
     let mut out: HashMap<String, Vec<String>> = HashMap::new();
     for line in lines {
         out.entry(field(line, "shard_id").to_owned())
@@ -90,12 +90,12 @@ pub fn sequences_by_shard(lines: &[&LogLine]) -> HashMap<String, Vec<String>> {
 }
 
 /// Orders sequence numbers numerically (length, then digits).
-pub fn seq_key(s: &str) -> (usize, &str) {
+pub(crate) fn seq_key(s: &str) -> (usize, &str) {
     (s.len(), s)
 }
 
 /// The admin server's address, from the host's log.
-pub fn admin_addr(host: &HostProcess) -> String {
+pub(crate) fn admin_addr(host: &HostProcess) -> String {
     host.lines()
         .iter()
         .find(|l| field(l, "message").starts_with("admin listening"))
@@ -103,10 +103,15 @@ pub fn admin_addr(host: &HostProcess) -> String {
         .expect("the host logs where admin listens")
 }
 
-pub use shardlane_testkit::admin::http;
+pub(crate) use shardlane_testkit::admin::http;
 
 /// Waits until `host` logs a checkpoint written at sequence number `at`.
-pub async fn wait_checkpoint(host: &mut HostProcess, what: &str, at: &str, within: Duration) {
+pub(crate) async fn wait_checkpoint(
+    host: &mut HostProcess,
+    what: &str,
+    at: &str,
+    within: Duration,
+) {
     host.wait_for(what, within, |lines| {
         lines
             .iter()
@@ -119,7 +124,7 @@ pub async fn wait_checkpoint(host: &mut HostProcess, what: &str, at: &str, withi
 /// Waits until the host has positioned a reader on `shards` shards: an
 /// iterator opened (polling) or a subscription made (fan-out). Records put
 /// after that are seen even at `latest`.
-pub async fn wait_positioned(host: &mut HostProcess, shards: usize) {
+pub(crate) async fn wait_positioned(host: &mut HostProcess, shards: usize) {
     host.wait_for("readers positioned", Duration::from_secs(60), |lines| {
         lines
             .iter()
@@ -136,10 +141,10 @@ pub async fn wait_positioned(host: &mut HostProcess, shards: usize) {
 
 /// Explicit hash keys in each half of the hash-key space: with two shards,
 /// shard 0 holds the lower half and shard 1 the upper one.
-pub const SHARD_HASH: [&str; 2] = ["1", "340282366920938463463374607431768211455"];
+pub(crate) const SHARD_HASH: [&str; 2] = ["1", "340282366920938463463374607431768211455"];
 
 /// The data the echo guest printed in a line (`… data="…"`), unquoted.
-pub fn echoed_data(line: &LogLine) -> String {
+pub(crate) fn echoed_data(line: &LogLine) -> String {
     let message = field(line, "message");
     let quoted = message.split_once(" data=").map_or("", |(_, d)| d);
     serde_json::from_str(quoted).unwrap_or_else(|_| quoted.to_owned())
@@ -147,7 +152,7 @@ pub fn echoed_data(line: &LogLine) -> String {
 
 /// The sequence numbers of `put` ((shard, sequence) pairs) per shard, in
 /// order.
-pub fn by_shard(put: &[(String, String)]) -> HashMap<String, Vec<String>> {
+pub(crate) fn by_shard(put: &[(String, String)]) -> HashMap<String, Vec<String>> {
     let mut want: HashMap<String, Vec<String>> = HashMap::new();
     for (shard, seq) in put {
         want.entry(shard.clone()).or_default().push(seq.clone());
@@ -163,7 +168,7 @@ pub fn by_shard(put: &[(String, String)]) -> HashMap<String, Vec<String>> {
 /// time (so each key's order is exact). Record `n` (from 1) is `next(n)`:
 /// its partition key, its data, and what to return for it; the task
 /// returns those, in put order.
-pub fn trickle<T: Send + 'static>(
+pub(crate) fn trickle<T: Send + 'static>(
     kinesis: &Kinesis,
     stream: &str,
     per_tick: usize,

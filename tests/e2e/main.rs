@@ -3,6 +3,12 @@
 //! One test binary, one module per topic (as in wasmtime's `tests/all`).
 //! Every test that needs Kinesis starts its own `kinesis-local` on a free
 //! port with random stream names, and fails loudly when it cannot start.
+//!
+//! A test fails loudly by unwrapping, and reads as one scenario from start
+//! to end: the workspace's `unwrap_used` and `too_many_lines` lints (for
+//! the host's own code) do not apply here.
+
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
 mod admin;
 mod aws;

@@ -70,7 +70,7 @@ use super::bounded::{
 };
 use super::subscription;
 use crate::clock::now_ms;
-use crate::config::{Config, LeaseBackend};
+use crate::config::{Config, LeaseBackend, SubscriptionConfig};
 use crate::ids::{PluginDigest, SequenceNumber, ShardId, StreamName, SubscriptionName};
 use crate::kinesis::{Kinesis, ShardInfo};
 use crate::lease::LeaseStore;
@@ -179,24 +179,7 @@ pub async fn replay(
         check_name(name)?;
     }
     let kinesis = Kinesis::connect(&config.aws).await;
-    let retention = retention_of(&kinesis, &sub.stream, "stream").await?;
-    let shards = kinesis
-        .list_shards(&sub.stream)
-        .await
-        .with_context(|| format!("cannot list the shards of stream {:?}", sub.stream.as_str()))?;
-    let now = now_ms();
-    let asked = match &options.from {
-        Some(from) => {
-            let from = parse_edge("--from", from, now)?;
-            let to = parse_edge("--to", options.to.as_deref().unwrap_or("now"), now)?;
-            check_range(&from, &to, now, retention, &shards, &sub.stream)?;
-            Some((from, to))
-        }
-        None if options.name.is_none() => {
-            bail!("--from is needed to start a replay (or --name to resume one)")
-        }
-        None => None,
-    };
+    let asked = asked_range(&kinesis, sub, options).await?;
     if !options.dry_run {
         check_streams(&kinesis, sub).await?;
     }
@@ -252,7 +235,7 @@ pub async fn replay(
             ""
         },
     );
-    let (finished, mut lines) = run_bounded(
+    run_replay(
         Bounded {
             config,
             sub: replay_sub,
@@ -268,7 +251,51 @@ pub async fn replay(
         },
         interrupt,
     )
-    .await?;
+    .await
+}
+
+/// The range asked for (`--from`, `--to`), checked against the stream;
+/// `None` for a replay resumed by `--name` alone.
+///
+/// # Errors
+/// A range that does not parse, ends before it starts, lies past the
+/// stream's retention or in the future, or names a shard the stream does
+/// not have; no `--from` and no `--name`.
+async fn asked_range(
+    kinesis: &Kinesis,
+    sub: &SubscriptionConfig,
+    options: &ReplayOptions,
+) -> anyhow::Result<Option<(Edge, Edge)>> {
+    let retention = retention_of(kinesis, &sub.stream, "stream").await?;
+    let shards = kinesis
+        .list_shards(&sub.stream)
+        .await
+        .with_context(|| format!("cannot list the shards of stream {:?}", sub.stream.as_str()))?;
+    let now = now_ms();
+    Ok(match &options.from {
+        Some(from) => {
+            let from = parse_edge("--from", from, now)?;
+            let to = parse_edge("--to", options.to.as_deref().unwrap_or("now"), now)?;
+            check_range(&from, &to, now, retention, &shards, &sub.stream)?;
+            Some((from, to))
+        }
+        None if options.name.is_none() => {
+            bail!("--from is needed to start a replay (or --name to resume one)")
+        }
+        None => None,
+    })
+}
+
+/// Runs the replay `bounded` until its end or `interrupt`: its report.
+///
+/// # Errors
+/// A pipeline task that failed.
+async fn run_replay(
+    bounded: Bounded<'_>,
+    interrupt: impl Future<Output = ()>,
+) -> anyhow::Result<ReplayReport> {
+    let name = bounded.name.to_owned();
+    let (finished, mut lines) = run_bounded(bounded, interrupt).await?;
     if !finished {
         lines.push(format!(
             "interrupted: run it again with --name {name} to go on where it stopped"

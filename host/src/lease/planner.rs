@@ -172,22 +172,60 @@ impl Planner {
         Self::default()
     }
 
-    /// Plans a sync (see the module docs for the rules).
+    /// Plans a sync (see the module docs for the rules), phase by phase:
+    /// the eligible shards, who is alive, what the table holds, the fair
+    /// share, what to take, whom to ask.
     pub(super) fn plan(&mut self, inputs: &Inputs<'_>) -> Plan {
-        let Inputs {
-            me,
-            held,
-            releasing,
-            shards,
-            leases,
-            heartbeats,
-            load,
-            lease_duration,
-            max_leases,
-            observed_at,
-            read_at,
-        } = *inputs;
-        let still_for = |since: Instant| read_at.saturating_duration_since(since);
+        let eligible = self.eligible(inputs);
+        let alive = self.liveness(inputs);
+        let table = self.classify(inputs, &eligible, &alive);
+        let share = Share::of(inputs, &eligible, &alive, &table);
+        let Table {
+            free,
+            lost,
+            by_owner,
+            legacy,
+        } = table;
+        let me = inputs.me;
+        let mut unheld: Vec<ShardId> = free.iter().map(|(s, _)| s.clone()).collect();
+        unheld.extend(lost);
+        unheld.sort();
+        let (take, asked_for) = take_free(me, free, &share);
+        let took_free = !take.is_empty();
+        // Nothing is asked for that could not be taken (at the cap).
+        let mut ask = Vec::new();
+        if !took_free && share.wanted > 0 && share.room > 0 {
+            let wanted = share.wanted.min(share.room);
+            ask = ask_by_count(me, wanted, share.fair, &by_owner, &alive.beating);
+        }
+        // Counts even (nobody above the share, nobody to ask by count), and
+        // no move of ours under way: by load.
+        if !took_free
+            && ask.is_empty()
+            && share.room > 0
+            && share.coming == 0
+            && asked_for == 0
+            && share.mine <= share.fair
+            && by_owner.values().all(|l| l.len() <= share.fair)
+        {
+            let load = inputs.load;
+            ask.extend(ask_by_load(me, load, share.live, &by_owner, &alive.beating));
+        }
+        Plan {
+            take,
+            ask,
+            free: unheld,
+            fair_share: share.fair,
+            live: share.live,
+            legacy,
+            retire: alive.retire,
+        }
+    }
+
+    /// Rule 1: the shards that may be read now (not done, their parents
+    /// still in the stream done); forgets what it saw of shards gone.
+    fn eligible<'a>(&mut self, inputs: &Inputs<'a>) -> Vec<&'a ShardInfo> {
+        let Inputs { shards, leases, .. } = *inputs;
         let present: HashSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
         self.observed.retain(|shard, _| present.contains(shard));
         let done = |id: &ShardId| {
@@ -195,16 +233,28 @@ impl Planner {
                 .get(id)
                 .is_some_and(|l| l.checkpoint == Some(Checkpoint::ShardEnd))
         };
-        let eligible: Vec<&ShardInfo> = shards
+        shards
             .iter()
             .filter(|s| !done(&s.id) && s.parents().all(|p| !present.contains(p) || done(p)))
-            .collect();
+            .collect()
+    }
 
-        // Rule 2: whose heartbeat moves.
+    /// Rules 2 and 8: whose heartbeat moves, and which long-stale ones of
+    /// owners holding nothing to retire.
+    fn liveness<'a>(&mut self, inputs: &Inputs<'a>) -> Alive<'a> {
+        let Inputs {
+            me,
+            leases,
+            heartbeats,
+            lease_duration,
+            observed_at,
+            read_at,
+            ..
+        } = *inputs;
         let beating: HashMap<&OwnerId, &Heartbeat> =
             heartbeats.iter().map(|h| (&h.owner, h)).collect();
         self.beats.retain(|owner, _| beating.contains_key(owner));
-        let mut alive: HashSet<&OwnerId> = HashSet::new();
+        let mut owners = HashSet::new();
         let mut retire = Vec::new();
         for beat in heartbeats {
             let since = still_since(
@@ -213,9 +263,9 @@ impl Planner {
                 beat.counter,
                 observed_at,
             );
-            let still = still_for(since);
+            let still = read_at.saturating_duration_since(since);
             if &beat.owner == me || still < lease_duration {
-                alive.insert(&beat.owner);
+                owners.insert(&beat.owner);
             } else if still >= lease_duration * RETIRE_AFTER
                 && !leases
                     .values()
@@ -224,13 +274,37 @@ impl Planner {
                 retire.push(beat.clone());
             }
         }
+        Alive {
+            owners,
+            beating,
+            retire,
+        }
+    }
 
-        let mut free = Vec::new();
-        // Ours in the table, not held here, not yet expired: nobody reads it.
-        let mut lost = Vec::new();
-        let mut by_owner: BTreeMap<&OwnerId, Vec<&Lease>> = BTreeMap::new();
-        let mut legacy = false;
-        for shard in &eligible {
+    /// Rules 3 and 5: each eligible shard's lease, as free (absent,
+    /// unowned, expired; reserved ones left to who asked), lost (ours in
+    /// the table, not held here), or another owner's.
+    fn classify<'a>(
+        &mut self,
+        inputs: &Inputs<'a>,
+        eligible: &[&'a ShardInfo],
+        alive: &Alive<'a>,
+    ) -> Table<'a> {
+        let Inputs {
+            me,
+            held,
+            releasing,
+            leases,
+            lease_duration,
+            observed_at,
+            read_at,
+            ..
+        } = *inputs;
+        let waited = |since: Option<Instant>| {
+            since.is_some_and(|t| read_at.saturating_duration_since(t) >= lease_duration)
+        };
+        let mut table = Table::default();
+        for shard in eligible {
             let lease = leases.get(&shard.id);
             let counter_since = lease
                 .map(|l| still_since(&mut self.observed, shard.id.clone(), l.counter, observed_at));
@@ -239,99 +313,131 @@ impl Planner {
                     // Rule 5: reserved for a live instance that asked.
                     let reserved = lease
                         .and_then(|l| l.handoff.as_ref())
-                        .is_some_and(|to| to != me && alive.contains(to));
-                    let waited = counter_since.is_some_and(|t| still_for(t) >= lease_duration);
-                    if !reserved || waited {
-                        free.push((shard.id.clone(), lease.cloned()));
+                        .is_some_and(|to| to != me && alive.owners.contains(to));
+                    if !reserved || waited(counter_since) {
+                        table.free.push((shard.id.clone(), lease.cloned()));
                     }
                 }
                 Some((_, owner))
                     if owner == me
                         && (held.contains(&shard.id) || releasing.contains(&shard.id)) => {}
                 Some((lease, owner)) => {
-                    let counter_still =
-                        counter_since.is_some_and(|t| still_for(t) >= lease_duration);
-                    let beats = owner != me && alive.contains(owner);
-                    if counter_still && !beats {
-                        free.push((shard.id.clone(), Some(lease.clone())));
+                    let beats = owner != me && alive.owners.contains(owner);
+                    if waited(counter_since) && !beats {
+                        table.free.push((shard.id.clone(), Some(lease.clone())));
                     } else if owner == me {
-                        lost.push(shard.id.clone());
+                        table.lost.push(shard.id.clone());
                     } else {
-                        if !beating.contains_key(owner) {
-                            legacy = true;
-                        }
-                        by_owner.entry(owner).or_default().push(lease);
+                        table.legacy |= !alive.beating.contains_key(owner);
+                        table.by_owner.entry(owner).or_default().push(lease);
                     }
                 }
             }
         }
+        table
+    }
+}
 
-        // Rule 4.
-        let live_set: HashSet<&OwnerId> = alive
+/// Who is alive (rule 2), as one sync sees it.
+struct Alive<'a> {
+    /// Owners whose heartbeat moves (and this instance).
+    owners: HashSet<&'a OwnerId>,
+    /// Every heartbeat, by owner.
+    beating: HashMap<&'a OwnerId, &'a Heartbeat>,
+    /// Heartbeats to delete (rule 8).
+    retire: Vec<Heartbeat>,
+}
+
+/// The eligible shards' leases, as one sync classifies them.
+#[derive(Default)]
+struct Table<'a> {
+    /// Free or expired, with the lease as observed.
+    free: Vec<(ShardId, Option<Lease>)>,
+    /// Ours in the table, not held here, not yet expired: nobody reads it.
+    lost: Vec<ShardId>,
+    /// Other owners' live leases.
+    by_owner: BTreeMap<&'a OwnerId, Vec<&'a Lease>>,
+    /// A live owner has no heartbeat (an earlier version).
+    legacy: bool,
+}
+
+/// Rule 4 and the counts taking and asking go by.
+struct Share {
+    /// Live instances.
+    live: usize,
+    /// The fair share.
+    fair: usize,
+    /// Eligible shards held here.
+    mine: usize,
+    /// Leases asked for by this instance and not yet released.
+    coming: usize,
+    /// Leases missing to the fair share.
+    wanted: usize,
+    /// Leases this instance may still take (`max_leases_per_instance`).
+    room: usize,
+}
+
+impl Share {
+    fn of(
+        inputs: &Inputs<'_>,
+        eligible: &[&ShardInfo],
+        alive: &Alive<'_>,
+        table: &Table<'_>,
+    ) -> Self {
+        let Inputs {
+            me,
+            held,
+            max_leases,
+            ..
+        } = *inputs;
+        let live = alive
+            .owners
             .iter()
             .copied()
-            .chain(by_owner.keys().copied())
+            .chain(table.by_owner.keys().copied())
             .chain(std::iter::once(me))
-            .collect();
-        let live = live_set.len();
-        let mut fair_share = eligible.len().div_ceil(live);
+            .collect::<HashSet<&OwnerId>>()
+            .len();
+        let mut fair = eligible.len().div_ceil(live);
         if let Some(cap) = max_leases {
-            fair_share = fair_share.min(cap);
+            fair = fair.min(cap);
         }
         let mine = eligible.iter().filter(|s| held.contains(&s.id)).count();
         // Asked for by us and not yet released: already coming, so not
         // asked for again (the owner may take longer to drain than a sync).
-        let coming = by_owner
+        let coming = table
+            .by_owner
             .values()
             .flatten()
             .filter(|l| l.handoff.as_ref() == Some(me))
             .count();
-        let wanted = fair_share.saturating_sub(mine + coming);
-        let mut unheld: Vec<ShardId> = free.iter().map(|(s, _)| s.clone()).collect();
-        unheld.extend(lost);
-        unheld.sort();
-        // Released for us, as we asked: ours, even one past the share (an
-        // ask by load); the count rule then evens the counts.
-        let for_me = |l: &Option<Lease>| {
-            l.as_ref()
-                .is_some_and(|l| l.owner.is_none() && l.handoff.as_ref() == Some(me))
-        };
-        free.sort_by_key(|(s, l)| (!for_me(l), order(me, s)));
-        let asked_for = free.iter().filter(|(_, l)| for_me(l)).count();
-        let room = max_leases.map_or(usize::MAX, |cap| cap.saturating_sub(mine));
-        let took_free = !free.is_empty() && wanted.max(asked_for).min(room) > 0;
-        let take: Vec<_> = free
-            .into_iter()
-            .take(wanted.max(asked_for).min(room))
-            .collect();
-
-        // Nothing is asked for that could not be taken (at the cap).
-        let mut ask = Vec::new();
-        if !took_free && wanted > 0 && room > 0 {
-            ask = ask_by_count(me, wanted.min(room), fair_share, &by_owner, &beating);
-        }
-        // Counts even (nobody above the share, nobody to ask by count), and
-        // no move of ours under way: by load.
-        if !took_free
-            && ask.is_empty()
-            && room > 0
-            && coming == 0
-            && asked_for == 0
-            && mine <= fair_share
-            && by_owner.values().all(|l| l.len() <= fair_share)
-        {
-            ask.extend(ask_by_load(me, load, live, &by_owner, &beating));
-        }
-        Plan {
-            take,
-            ask,
-            free: unheld,
-            fair_share,
+        Self {
             live,
-            legacy,
-            retire,
+            fair,
+            mine,
+            coming,
+            wanted: fair.saturating_sub(mine + coming),
+            room: max_leases.map_or(usize::MAX, |cap| cap.saturating_sub(mine)),
         }
     }
+}
+
+/// Rule 5: the free leases to take, released-for-us first (ours, even one
+/// past the share: an ask by load; the count rule then evens the counts),
+/// then in this instance's own order; and how many were released for us.
+fn take_free(
+    me: &OwnerId,
+    mut free: Vec<(ShardId, Option<Lease>)>,
+    share: &Share,
+) -> (Vec<(ShardId, Option<Lease>)>, usize) {
+    let for_me = |l: &Option<Lease>| {
+        l.as_ref()
+            .is_some_and(|l| l.owner.is_none() && l.handoff.as_ref() == Some(me))
+    };
+    free.sort_by_key(|(s, l)| (!for_me(l), order(me, s)));
+    let asked_for = free.iter().filter(|(_, l)| for_me(l)).count();
+    let count = share.wanted.max(asked_for).min(share.room);
+    (free.into_iter().take(count).collect(), asked_for)
 }
 
 /// Rule 6: up to `wanted` leases, each from the owner then holding the

@@ -214,6 +214,16 @@ fn subscription(html: &mut String, name: &str, status: &SubscriptionStatus) {
         escape(&status.shadow().map(|s| shadow_text(&s)).unwrap_or_default()),
         escape(&parked_text(&status.parked())),
     );
+    versions_table(html, status);
+    shards_table(html, status);
+    lanes_table(html, status);
+    lease_changes_table(html, status);
+    history_table(html, status);
+    html.push_str("</section>");
+}
+
+/// The versions running (stable, candidate) and their outcomes.
+fn versions_table(html: &mut String, status: &SubscriptionStatus) {
     html.push_str("<table class=\"versions\"><tr><th>version</th><th>digest</th><th>records/s</th><th>ack</th><th>retry</th><th>reject</th><th>failed</th><th>not acked, last 5 min</th></tr>");
     for v in status.versions() {
         let o = v.outcomes;
@@ -229,7 +239,12 @@ fn subscription(html: &mut String, name: &str, status: &SubscriptionStatus) {
             role = v.role,
         );
     }
-    html.push_str("</table><table class=\"shards\"><tr><th>shard</th><th>owner</th><th>checkpoint</th><th>behind (ms)</th><th>lag, last 5 min</th><th>records/s, last 5 min</th><th>state</th></tr>");
+    html.push_str("</table>");
+}
+
+/// Every shard seen: owner, checkpoint, lag, state.
+fn shards_table(html: &mut String, status: &SubscriptionStatus) {
+    html.push_str("<table class=\"shards\"><tr><th>shard</th><th>owner</th><th>checkpoint</th><th>behind (ms)</th><th>lag, last 5 min</th><th>records/s, last 5 min</th><th>state</th></tr>");
     for (shard, s) in status.shards() {
         let checkpoint = s
             .checkpoint
@@ -246,14 +261,26 @@ fn subscription(html: &mut String, name: &str, status: &SubscriptionStatus) {
             cp = escape(&checkpoint),
         );
     }
-    html.push_str("</table><table class=\"lanes\"><tr><th>lane</th><th>calls</th><th>calls/s, last 5 min</th></tr>");
+    html.push_str("</table>");
+}
+
+/// Calls per lane.
+fn lanes_table(html: &mut String, status: &SubscriptionStatus) {
+    html.push_str(
+        "<table class=\"lanes\"><tr><th>lane</th><th>calls</th><th>calls/s, last 5 min</th></tr>",
+    );
     for (lane, calls) in status.lanes() {
         let _ = write!(
             html,
             "<tr class=\"lane\" data-lane=\"{lane}\"><td>{lane}</td><td class=\"calls num\">{calls}</td><td class=\"load\"></td></tr>"
         );
     }
-    html.push_str("</table><h3>lease changes</h3><table class=\"leases\"><thead><tr><th>when</th><th>shard</th><th>from</th><th>to</th></tr></thead><tbody>");
+    html.push_str("</table>");
+}
+
+/// The latest lease owner changes.
+fn lease_changes_table(html: &mut String, status: &SubscriptionStatus) {
+    html.push_str("<h3>lease changes</h3><table class=\"leases\"><thead><tr><th>when</th><th>shard</th><th>from</th><th>to</th></tr></thead><tbody>");
     for c in status.lease_changes() {
         let c = LeaseChangeSnapshot::from(c);
         let _ = write!(
@@ -267,7 +294,12 @@ fn subscription(html: &mut String, name: &str, status: &SubscriptionStatus) {
             escape(c.to.as_deref().unwrap_or("—")),
         );
     }
-    html.push_str("</tbody></table><h3>version history (latest first)</h3><table class=\"history\"><thead><tr><th>when</th><th>action</th><th>version</th><th>by</th><th>note</th></tr></thead><tbody>");
+    html.push_str("</tbody></table>");
+}
+
+/// The latest entries of the fleet's version history.
+fn history_table(html: &mut String, status: &SubscriptionStatus) {
+    html.push_str("<h3>version history (latest first)</h3><table class=\"history\"><thead><tr><th>when</th><th>action</th><th>version</th><th>by</th><th>note</th></tr></thead><tbody>");
     for c in status.history() {
         let _ = write!(
             html,
@@ -282,5 +314,5 @@ fn subscription(html: &mut String, name: &str, status: &SubscriptionStatus) {
             d = escape(&c.digest.to_string()),
         );
     }
-    html.push_str("</tbody></table></section>");
+    html.push_str("</tbody></table>");
 }

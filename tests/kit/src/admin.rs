@@ -25,12 +25,17 @@ pub fn http(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
+    stream
+        .write_all(head.as_bytes())
+        .expect("send the request head");
+    stream.write_all(body).expect("send the request body");
     let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
+    stream.read_to_end(&mut response).expect("read the answer");
     let response = String::from_utf8_lossy(&response).into_owned();
-    let status = response[9..12].parse().unwrap();
+    let status = response
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {response:?}"));
     let body = response
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())

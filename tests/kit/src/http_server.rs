@@ -100,7 +100,10 @@ fn answer(stream: TcpStream, seen: &Mutex<HashSet<String>>) -> std::io::Result<(
         ("200 OK", b"hello".to_vec())
     } else if let Some(key) = path.strip_prefix("/customers/")
         && key.starts_with("flaky")
-        && seen.lock().unwrap().insert(key.to_owned())
+        && seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_owned())
     {
         ("503 Service Unavailable", b"try again".to_vec())
     } else if let Some(key) = path.strip_prefix("/customers/") {

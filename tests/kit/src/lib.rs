@@ -459,7 +459,7 @@ impl HostProcess {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 let parsed = serde_json::from_str(&line)
                     .unwrap_or_else(|_| serde_json::json!({ "unparsed": line }));
-                sink.lock().unwrap().push(parsed);
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(parsed);
             }
         });
         let stderr_text = Arc::new(Mutex::new(String::new()));
@@ -467,7 +467,7 @@ impl HostProcess {
         let sink = stderr_text.clone();
         let err_collector = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut text = sink.lock().unwrap();
+                let mut text = sink.lock().unwrap_or_else(|e| e.into_inner());
                 text.push_str(&line);
                 text.push('\n');
             }
@@ -483,7 +483,7 @@ impl HostProcess {
 
     /// Every log line so far.
     pub fn lines(&self) -> Vec<LogLine> {
-        self.lines.lock().unwrap().clone()
+        self.lines.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Log lines whose `message` starts with `prefix`.
@@ -507,7 +507,7 @@ impl HostProcess {
     ) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;
         loop {
-            if done(&self.lines.lock().unwrap()) {
+            if done(&self.lines.lock().unwrap_or_else(|e| e.into_inner())) {
                 return Ok(());
             }
             if let Some(status) = self.child.try_wait()? {
@@ -542,7 +542,10 @@ impl HostProcess {
         let lines = self.lines();
         let start = lines.len().saturating_sub(40);
         let mut out: Vec<String> = lines[start..].iter().map(|l| l.to_string()).collect();
-        out.push(format!("stderr: {}", self.stderr.lock().unwrap()));
+        out.push(format!(
+            "stderr: {}",
+            self.stderr.lock().unwrap_or_else(|e| e.into_inner())
+        ));
         out.join("\n")
     }
 
@@ -604,7 +607,10 @@ impl HostProcess {
 
     /// What it wrote to stderr so far.
     pub fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
+        self.stderr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Sends SIGTERM and waits for the exit.

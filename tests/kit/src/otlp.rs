@@ -91,7 +91,7 @@ impl OtlpReceiver {
 
     /// Every span received so far.
     pub fn spans(&self) -> Vec<ReceivedSpan> {
-        self.spans.lock().unwrap().clone()
+        self.spans.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -151,7 +151,7 @@ fn serve(stream: TcpStream, spans: &Mutex<Vec<ReceivedSpan>>) -> anyhow::Result<
         let path = request_line.split_whitespace().nth(1).unwrap_or("/");
         let status = if path == "/v1/traces" {
             let request = ExportTraceServiceRequest::decode(body.as_slice())?;
-            let mut kept = spans.lock().unwrap();
+            let mut kept = spans.lock().unwrap_or_else(|e| e.into_inner());
             for resource_spans in request.resource_spans {
                 let resource = resource_spans
                     .resource

@@ -61,7 +61,7 @@ impl Recorder {
                     let mut body = vec![0u8; length.min(1 << 20)];
                     let _ = reader.read_exact(&mut body);
                     seen.lock()
-                        .unwrap()
+                        .unwrap_or_else(|e| e.into_inner())
                         .push(format!("{head}\r\n{}", String::from_utf8_lossy(&body)));
                     let _ = reader.get_mut().write_all(answer.as_bytes());
                 }
@@ -80,7 +80,10 @@ impl Recorder {
 
     /// Every request so far: its head, a blank line, its body.
     pub fn requests(&self) -> Vec<String> {
-        self.requests.lock().unwrap().clone()
+        self.requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

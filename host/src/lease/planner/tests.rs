@@ -800,6 +800,15 @@ fn load_moves_a_hot_shard_when_it_clearly_helps_and_never_back() {
         now,
     );
     assert!(plan.ask.is_empty(), "{plan:?}");
+}
+
+#[test]
+fn load_moves_nothing_between_about_even_or_quiet_instances() {
+    let now = Instant::now();
+    let quiet = Load {
+        settled: true,
+        ..Load::default()
+    };
     // About even (15 against 10, the mean 12.5): nothing moves, though
     // 8 against 13 would be a little better.
     let beats = [beat("a", 1, 10.0, &[]), beat("b", 1, 15.0, &[("s0", 7.0)])];
