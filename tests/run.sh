@@ -12,14 +12,22 @@
 #   - the npm emulators pinned in tests/emulators/package-lock.json;
 #   - the Python test tools pinned in tests/tools/requirements.txt (a venv;
 #     moto's S3 server among them);
+#   - mdbook, pinned below, with `cargo install --locked` into
+#     tests/tools/mdbook (once: a few minutes);
 #   - the example plugins of every language (Python's componentize-py and
 #     JavaScript's componentize-js come with their build scripts).
-# Arguments are passed to `cargo test --workspace` (e.g. `-- faults::`).
+# Then the floor the code stands on — `cargo fmt --check`, clippy with the
+# workspace's lints as errors, rustdoc with its warnings as errors, the
+# book built — and the suite. Arguments are passed to `cargo test --workspace` (e.g.
+# `-- faults::`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "--- toolchain: wasm32-wasip2 target"
+echo "--- toolchain: wasm32-wasip2 target, clippy and rustfmt"
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+for component in clippy rustfmt; do
+  rustup component list --installed | grep -q "^$component" || rustup component add "$component"
+done
 
 echo "--- Debian packages: headless Chromium (status page test), clang/lld 19 + wasi-libc (C guests), podman/buildah/runc (container image test), docker-registry (OCI artifact store test)"
 packages=(chromium clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc podman buildah runc docker-registry)
@@ -50,11 +58,28 @@ fi
 echo "--- Python test tools (pinned in tests/tools/requirements.txt)"
 tests/tools/ensure.sh >/dev/null && echo "in tests/tools/.venv"
 
+mdbook_version=0.5.4
+mdbook=tests/tools/mdbook/bin/mdbook
+echo "--- mdbook $mdbook_version (the book in docs/)"
+if [[ -x $mdbook ]] && [[ "$($mdbook --version)" == "mdbook v$mdbook_version" ]]; then
+  echo "already installed"
+else
+  echo "installing into tests/tools/mdbook (a few minutes, once)"
+  cargo install --quiet --locked --force --root tests/tools/mdbook \
+    --no-default-features --features search mdbook --version "=$mdbook_version"
+fi
+
 echo "--- example plugins in every language (Rust, Python, JavaScript, C)"
 CARGO_TARGET_DIR="$PWD/target/guests" guest-examples/rust/build.sh   # the target folder the tests use
 guest-examples/python/build.sh
 guest-examples/js/build.sh
 guest-examples/c/build.sh
+
+echo "--- lints: cargo fmt --check, clippy (-D warnings), rustdoc (-D warnings), the book"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --document-private-items
+$mdbook build docs   # into target/book; its reference pages are checked against the code by `book::` tests
 
 echo "--- tests: cargo test --workspace $*"
 cargo test --workspace "$@"

@@ -1,49 +1,54 @@
-//! The one-shot commands beside `run`, each a function the binary calls:
-//! the top floor (see "Layers" in the crate docs), above the supervisor,
-//! so no stage names a command.
+//! The command line, and every command: the top floor (see "Layers" in
+//! the crate docs), above the supervisor, so no stage names a command.
 //!
+//! One shape: each command is an `Args` struct (`clap`) with a `run`, in
+//! the module of what it does; [`Cli`] holds them and dispatches;
+//! `bootstrap` is the start-up they share (config, log, runtime, signals,
+//! the one line an error becomes). The binary only parses and runs.
+//!
+//! - `cli`: the command tree, and `completions`, `man`, `healthcheck`.
+//! - `bootstrap`: what every command shares at start.
+//! - `run`: `shardlane run`, the service ([`crate::supervisor`]).
+//! - `check`: `shardlane validate` (a config and its plugins),
+//!   `shardlane check` (one plugin) and `shardlane config schema`, without
+//!   running anything.
+//! - `deploy`: `shardlane deploy`, `versions`, `promote`, `rollback`:
+//!   the fleet's plugin versions of a subscription.
+//! - `repair_run`: what `replay` and `redrive` share: a repair run of a
+//!   subscription, its progress and summary.
+//! - `replay`: `shardlane replay`, a range of a stream handled again next
+//!   to the service, its progress apart from the live checkpoints.
+//! - `redrive`: `shardlane redrive`, dead letters handed back to the
+//!   plugin in per-key order, and a parked key released.
+//! - `quarantine`: `shardlane quarantine list`, a subscription's parked
+//!   keys.
 //! - `state_get`: `shardlane state get`, the committed state of some keys.
 //! - `import_kcl`: `shardlane import-kcl`, a KCL application's checkpoints
 //!   moved into a subscription's lease store.
-//! - `bounded`: what `replay` and `redrive` share: a bounded run of a
-//!   subscription, its progress and summary.
 //! - `deregister`: `shardlane deregister-consumer`, a fan-out consumer
 //!   removed from its stream.
-//! - `versions`: `shardlane deploy`, `versions`, `promote`, `rollback`:
-//!   the fleet's plugin versions of a subscription.
-//! - `quarantine`: `shardlane quarantine list`, a subscription's parked
-//!   keys.
-//! - `redrive`: `shardlane redrive`, dead letters handed back to the
-//!   plugin in per-key order, and a parked key released.
-//! - `replay`: `shardlane replay`, a range of a stream handled again next
-//!   to the service, its progress apart from the live checkpoints.
-//!
-//! `shardlane validate` is [`crate::load_plugins`], and `run` is
-//! [`crate::run`]: both belong to the supervisor.
 //!
 //! Floor 12 (commands) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor and those below.
 
-mod bounded;
+mod bootstrap;
+mod check;
+mod cli;
+mod deploy;
 mod deregister;
 mod import_kcl;
 mod quarantine;
 mod redrive;
+mod repair_run;
 mod replay;
+mod run;
 mod state_get;
-mod versions;
 
 use anyhow::Context as _;
 
 use crate::config::{Config, SubscriptionConfig};
 
-pub use deregister::deregister_consumer;
-pub use import_kcl::{Imported, import_kcl};
-pub use quarantine::quarantine_list;
-pub use redrive::{RedriveOptions, RedriveReport, redrive};
-pub use replay::{DEFAULT_READS_PER_SECOND, ReplayOptions, ReplayReport, replay};
-pub use state_get::state_get;
-pub use versions::{CanaryOptions, DeployAs, deploy, end_shadow, promote, rollback, versions};
+pub use cli::Cli;
 
 /// The subscription `name` of `config`.
 ///

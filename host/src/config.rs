@@ -238,7 +238,7 @@ impl Default for AwsTimeouts {
 }
 
 /// Which lease store backs leases and checkpoints (as written in config).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum LeaseStoreKind {
     /// In this process only.
@@ -496,7 +496,7 @@ impl fmt::Display for HttpDestination {
 }
 
 /// A canary: a candidate plugin version handling a stable slice of the
-/// partition keys (see [`crate::swap`]).
+/// partition keys (see [`crate::slot`]).
 #[derive(Debug, Clone)]
 pub struct CanaryConfig {
     /// The candidate component file.
@@ -505,7 +505,7 @@ pub struct CanaryConfig {
     pub slice: KeySlice,
     /// When it rolls back or promotes by itself (none set: a person
     /// decides).
-    pub rules: crate::versions::CanaryRules,
+    pub rules: crate::fleet_versions::CanaryRules,
 }
 
 /// How a subscription reads its shards.
@@ -599,6 +599,23 @@ pub(crate) fn parse_size(value: &str) -> Option<usize> {
 }
 
 impl Config {
+    /// The JSON Schema of the config file, derived from the parser's own
+    /// types ([`raw`]), so it cannot drift from what is accepted: every
+    /// table and key, their TOML types and descriptions, unknown keys
+    /// refused. Editors (taplo, Even Better TOML) complete and check a
+    /// `shardlane.toml` with it; values' finer rules (durations, sizes,
+    /// ranges, which keys go together) are the validator's, checked at
+    /// start-up and by `shardlane validate`.
+    #[must_use]
+    pub fn schema() -> serde_json::Value {
+        let mut schema = serde_json::to_value(schemars::schema_for!(RawConfig))
+            .unwrap_or_else(|e| unreachable!("a derived schema serializes: {e}"));
+        if let Some(object) = schema.as_object_mut() {
+            object.insert("title".into(), "shardlane config".into());
+        }
+        schema
+    }
+
     /// Reads and validates a config file. Relative plugin paths are taken
     /// relative to the current directory, as a shell user expects.
     ///

@@ -61,7 +61,7 @@
 //! record of more than about 768 KiB cannot travel whole in an envelope. So
 //! every envelope is built to fit:
 //! - `reason`, the one string a guest chooses (a `retry`/`reject` reason, a
-//!   trap message), is cut to [`MAX_GUEST_TEXT`](crate::logging::MAX_GUEST_TEXT)
+//!   trap message), is cut to [`MAX_GUEST_TEXT`]
 //!   and marked `…[truncated]`. Every other string is the host's or bounded
 //!   by Kinesis (stream and shard names, a sequence number of up to 129
 //!   digits, a partition key of up to 256 characters), so an envelope
@@ -164,7 +164,7 @@ impl Policy {
         })
     }
 
-    /// [`Policy::new`], with what makes the quarantine from its sink.
+    /// `Policy::new`, with what makes the quarantine from its sink.
     pub(crate) fn with_quarantine(
         config: &FailurePolicy,
         sink: impl FnOnce(&StreamName) -> Arc<dyn DeadLetterSink>,

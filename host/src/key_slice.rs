@@ -9,7 +9,7 @@
 //! to the candidate.
 //!
 //! The config names a slice (`canary.key_fraction`) and the plugin slot
-//! ([`crate::swap`]) uses it.
+//! ([`crate::slot`]) uses it.
 //!
 //! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor and those below.

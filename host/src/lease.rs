@@ -114,9 +114,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::cause::Cause;
+use crate::fleet_versions::{Command, FleetVersions, VersionsError};
 use crate::ids::{OwnerId, PartitionKey, SessionId, ShardId, StreamName, SubscriptionName};
 use crate::progress::Checkpoint;
-use crate::versions::{Command, FleetVersions, VersionsError};
 
 /// A checkpoint for the lease keeper to write, as settlement asks for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -638,7 +638,7 @@ pub trait LeaseStore: Send + Sync + 'static {
         revision: u64,
     ) -> Result<bool, LeaseError>;
 
-    /// A subscription's fleet versions (see [`crate::versions`]); `None`
+    /// A subscription's fleet versions (see [`crate::fleet_versions`]); `None`
     /// before the first change. Strongly consistent.
     async fn read_versions(
         &self,
@@ -685,7 +685,7 @@ pub trait LeaseStore: Send + Sync + 'static {
 /// that is a writer whose read answered as its lease ran out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DocKind {
-    /// The fleet's plugin versions ([`crate::versions`]).
+    /// The fleet's plugin versions ([`crate::fleet_versions`]).
     Versions,
 }
 

@@ -48,7 +48,7 @@
 //! A caller without the token must not be able to take `/healthz` down, so
 //! every connection is bounded (each limit's constant says why): a
 //! request head must arrive within [`HEADER_READ_TIMEOUT`] (also the
-//! keep-alive idle bound), an upload within [`BODY_READ_TIMEOUT`] (else
+//! keep-alive idle bound), an upload within [`BODY_READ_TIMEOUT`](limits::BODY_READ_TIMEOUT) (else
 //! 408; a body over [`MAX_PLUGIN_UPLOAD`] is 413, a malformed one 400), a
 //! connection lives at most [`CONNECTION_LIFETIME`], and at most
 //! [`MAX_CONNECTIONS`] are open at once (one more is answered 503 and

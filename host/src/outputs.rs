@@ -43,7 +43,7 @@
 //! outputs or [`MAX_PENDING_BYTES`] bytes, so lanes wait on its bounded
 //! inbox, as readers wait on a full channel: memory never grows without
 //! bound (at most these plus one call's outputs, see
-//! [`crate::plugin::MAX_OUTPUT_BYTES_PER_CALL`]).
+//! `MAX_OUTPUT_BYTES_PER_CALL` of the plugin's `outputs` import).
 //!
 //! # Shutdown
 //! The stage ends once dispatch has ended (its inbox closed) and every

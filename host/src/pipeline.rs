@@ -71,8 +71,8 @@ use crate::reader::pool::ReaderPool;
 use crate::reader::range::Range;
 use crate::reader::{BeforeRead, Decode, FanOut, ReaderContext, ShardSubscriber};
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement, SettlementMsg};
+use crate::slot::PluginSlot;
 use crate::state::{StateMetrics, StateStage};
-use crate::swap::PluginSlot;
 use crate::telemetry::{SubscriptionStatus, Telemetry};
 
 /// What a subscription's pipeline is built from.

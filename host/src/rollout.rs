@@ -1,5 +1,5 @@
 //! The rollout stage: makes this instance run what its subscription's
-//! fleet versions ([`crate::versions`], kept in the lease store) say — or
+//! fleet versions ([`crate::fleet_versions`], kept in the lease store) say — or
 //! nothing — and turns every local way of changing a version (the plugin
 //! file changing, the admin API) into a change of those versions, so the
 //! whole fleet follows whichever instance it reached.
@@ -26,7 +26,7 @@
 //! answers 503 naming it and the reason. So:
 //! - **At start** it waits until the fleet's stable version is had. The
 //!   config's `plugin` is only the first declaration of an empty fleet
-//!   (see "The config's `plugin`" in [`crate::versions`]): it is never
+//!   (see "The config's `plugin`" in [`crate::fleet_versions`]): it is never
 //!   run because it is at hand.
 //! - **While running**, a new stable version that cannot be had leaves
 //!   the running version in place for at most [`SWITCH_WITHIN`] (a
@@ -78,14 +78,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::{ArtifactError, ArtifactStore};
 use crate::backoff::Backoff;
+use crate::fleet_versions::{
+    CanaryRules, CanaryStart, Command, FleetVersions, Stored, VersionsError,
+};
 use crate::ids::{OwnerId, PluginDigest, SubscriptionName};
 use crate::key_slice::KeySlice;
 use crate::lease::{LeaseError, LeaseStore, VersionsUpdateError, update_versions};
 use crate::logging::LogGate;
 use crate::plugin::{Plugin, PluginError};
-use crate::swap::{Installed, PluginSlot};
+use crate::slot::{Installed, PluginSlot};
 use crate::telemetry::{Counter, Gauge, ShadowView, SubscriptionStatus, Telemetry};
-use crate::versions::{CanaryRules, CanaryStart, Command, FleetVersions, Stored, VersionsError};
 
 /// How often an instance reads its subscriptions' fleet versions.
 pub(crate) const POLL: Duration = Duration::from_secs(2);
@@ -179,7 +181,7 @@ impl Readiness {
 }
 
 /// The config's `plugin` and `canary`, compiled at start: what it
-/// declares (see "The config's `plugin`" in [`crate::versions`]).
+/// declares (see "The config's `plugin`" in [`crate::fleet_versions`]).
 pub(crate) struct Declaration {
     /// The config's `plugin`.
     pub stable: Arc<Plugin>,
@@ -666,7 +668,7 @@ impl Rollout {
     }
 
     /// The fleet's versions, the config's declaration made first (once:
-    /// see "The config's `plugin`" in [`crate::versions`]).
+    /// see "The config's `plugin`" in [`crate::fleet_versions`]).
     async fn read(&self) -> Result<FleetVersions, RolloutError> {
         use std::sync::atomic::Ordering;
         let versions = self

@@ -30,7 +30,7 @@
 //!    not ack saw writes that are being discarded, so the lane turns its
 //!    ack into a retry (see [`crate::dispatch`]).
 //! 2. **Commit with the checkpoint.** When the keeper writes checkpoint `C`
-//!    of shard `S`, it asks for the [`Commit`] of `S` up to `C`: for every
+//!    of shard `S`, it asks for the commit of `S` up to `C`: for every
 //!    key that a staged record at or before `C` wrote, the key's state after
 //!    the last such record (committed state plus the deltas, in shard
 //!    order). The store writes `C` and those states in one atomic write,

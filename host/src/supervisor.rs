@@ -51,7 +51,7 @@ use crate::ops::{self, OpsState, Routes};
 use crate::pipeline::{Parts, Pipeline};
 use crate::plugin::{CompileCache, Plugin, PluginHost, World};
 use crate::rollout::{Declaration, Readiness, Rollout};
-use crate::swap::PluginSlot;
+use crate::slot::PluginSlot;
 use crate::telemetry::Telemetry;
 
 /// This machine's host name (`host` when it has none).

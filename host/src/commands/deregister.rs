@@ -13,7 +13,7 @@ use crate::kinesis::Kinesis;
 /// # Errors
 /// When the subscription is not in `config`, does not read by fan-out, or
 /// Kinesis refuses.
-pub async fn deregister_consumer(
+pub(crate) async fn deregister_consumer(
     config: &Config,
     subscription: &str,
 ) -> anyhow::Result<(String, String, bool)> {
@@ -33,4 +33,29 @@ pub async fn deregister_consumer(
         .await
         .with_context(|| format!("cannot deregister stream consumer {consumer:?}"))?;
     Ok((sub.stream.to_string(), consumer.clone(), existed))
+}
+
+/// `shardlane deregister-consumer`.
+#[derive(clap::Args)]
+pub(crate) struct DeregisterArgs {
+    /// The TOML config file.
+    #[arg(long, short, env = "SHARDLANE_CONFIG")]
+    config: std::path::PathBuf,
+    /// The subscription's name.
+    #[arg(long, short)]
+    subscription: String,
+}
+
+impl DeregisterArgs {
+    pub(crate) fn run(self) -> anyhow::Result<std::process::ExitCode> {
+        let config = super::bootstrap::config(&self.config)?;
+        let (stream, consumer, existed) =
+            super::bootstrap::one_shot(deregister_consumer(&config, &self.subscription))?;
+        if existed {
+            println!("deregistered stream consumer {consumer:?} of stream {stream:?}");
+        } else {
+            println!("stream {stream:?} has no consumer {consumer:?}: nothing to deregister");
+        }
+        Ok(std::process::ExitCode::SUCCESS)
+    }
 }

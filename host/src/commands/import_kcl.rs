@@ -41,7 +41,7 @@ pub(crate) struct KclLease {
 
 /// What became of one KCL lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Imported {
+pub(crate) enum Imported {
     /// Written: the shard and its new checkpoint.
     Written(String, String),
     /// No checkpoint yet in KCL (a sentinel): nothing written.
@@ -143,7 +143,7 @@ async fn read_kcl_table(
 /// # Errors
 /// When the subscription is not in `config`, a table or store cannot be
 /// read or written, or a shard's lease is held by a running instance.
-pub async fn import_kcl(
+pub(crate) async fn import_kcl(
     config: &Config,
     subscription: &str,
     table: &str,
@@ -272,5 +272,52 @@ mod tests {
         assert_eq!(checkpoint_of(&lease("s", None, None)).unwrap(), None);
         assert!(checkpoint_of(&lease("s", Some("12ab"), None)).is_err());
         assert!(checkpoint_of(&lease("s", Some("12"), Some(1 << 40))).is_err());
+    }
+}
+
+/// `shardlane import-kcl`.
+#[derive(clap::Args)]
+pub(crate) struct ImportKclArgs {
+    /// The TOML config file.
+    #[arg(long, short, env = "SHARDLANE_CONFIG")]
+    config: std::path::PathBuf,
+    /// The subscription to import into (its stream is the KCL one).
+    #[arg(long, short)]
+    subscription: String,
+    /// The KCL application's lease table (its application name).
+    #[arg(long, short)]
+    table: String,
+}
+
+impl ImportKclArgs {
+    pub(crate) fn run(self) -> anyhow::Result<std::process::ExitCode> {
+        let Self {
+            config,
+            subscription,
+            table,
+        } = self;
+        let config = super::bootstrap::config(&config)?;
+        let imported = super::bootstrap::one_shot(import_kcl(&config, &subscription, &table))?;
+        for lease in &imported {
+            match lease {
+                Imported::Written(shard, checkpoint) => {
+                    println!("{shard}: checkpoint {checkpoint}");
+                }
+                Imported::NoCheckpoint(shard, sentinel) => {
+                    println!("{shard}: no checkpoint in KCL yet ({sentinel:?}): starts at `start`");
+                }
+                Imported::OtherStream(key) => {
+                    println!("{key}: another stream's lease, left alone");
+                }
+            }
+        }
+        println!(
+            "imported {} checkpoints from KCL table {table:?} into subscription {subscription:?}",
+            imported
+                .iter()
+                .filter(|l| matches!(l, Imported::Written(..)))
+                .count()
+        );
+        Ok(std::process::ExitCode::SUCCESS)
     }
 }

@@ -3,7 +3,7 @@
 //! `--key`, a parked key's records brought back and the key released.
 //!
 //! # What runs
-//! A bounded pipeline (as a replay's, see `replay`) of the subscription
+//! A repair run (as a replay's, see `replay`) of the subscription
 //! over its **dead-letter stream**, under its own name —
 //! `<subscription>~redrive`, or `<subscription>~redrive~<hash of the
 //! key>` with `--key` — from `--since` (default: as far back as the
@@ -86,9 +86,9 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 
-use super::bounded::{
-    Bounded, Capture, bounded_subscription, check_reads_per_second, compile, progress_store,
-    retention_of, run_bounded, short_hash, version_to_run,
+use super::repair_run::{
+    Capture, RepairRun, check_reads_per_second, compile, progress_store, repair_subscription,
+    retention_of, run_repair, short_hash, version_to_run,
 };
 use super::replay::{describe, parse_edge};
 use super::subscription;
@@ -105,31 +105,64 @@ use crate::supervisor::{open_store, plugin_host};
 use crate::telemetry::Telemetry;
 use envelopes::{Envelopes, Parking};
 
-/// What `shardlane redrive` was asked.
-#[derive(Debug, Clone, Default)]
-pub struct RedriveOptions {
-    /// The subscription.
-    pub subscription: String,
-    /// Dead letters put from this time on (default: all the stream keeps).
-    pub since: Option<String>,
-    /// The plugin version to run; `None`: the one the fleet runs.
-    pub plugin: Option<PathBuf>,
-    /// Put nothing, write nothing, release nothing.
-    pub dry_run: bool,
-    /// Bring back this parked key's records and release it.
-    pub key: Option<String>,
-    /// GetRecords per shard per second on the dead-letter stream (default
-    /// 5: nothing else reads it).
-    pub reads_per_second: Option<f64>,
+/// What `shardlane redrive` was asked (its command line).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct RedriveOptions {
+    /// The subscription's name.
+    #[arg(long, short)]
+    pub(crate) subscription: String,
+    /// Only dead letters put since this time (RFC 3339, or -2h).
+    #[arg(long, allow_hyphen_values = true)]
+    pub(crate) since: Option<String>,
+    /// The plugin version to run (default: the version the fleet runs).
+    #[arg(long)]
+    pub(crate) plugin: Option<PathBuf>,
+    /// Put, write and release nothing: count and print a summary.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// A parked key (`shardlane quarantine list`): bring its records
+    /// back in order, then release it.
+    #[arg(long)]
+    pub(crate) key: Option<String>,
+    /// GetRecords per dead-letter shard per second (default 5).
+    #[arg(long)]
+    pub(crate) reads_per_second: Option<f64>,
+}
+
+/// `shardlane redrive`.
+#[derive(clap::Args)]
+pub(crate) struct RedriveArgs {
+    /// The TOML config file.
+    #[arg(long, short, env = "SHARDLANE_CONFIG")]
+    config: PathBuf,
+    #[command(flatten)]
+    options: RedriveOptions,
+    /// Log output format (the log goes to stdout, progress to stderr).
+    #[arg(long, value_enum, default_value_t = super::bootstrap::Format::Text)]
+    log_format: super::bootstrap::Format,
+}
+
+impl RedriveArgs {
+    pub(crate) fn run(self) -> anyhow::Result<std::process::ExitCode> {
+        let Self {
+            config,
+            options,
+            log_format,
+        } = self;
+        super::repair_run::run_command(&config, log_format, |config, interrupt| async move {
+            let report = redrive(&config, &options, interrupt).await?;
+            Ok(("redrive:".to_owned(), report.lines, report.finished))
+        })
+    }
 }
 
 /// How a redrive ended.
 #[derive(Debug)]
-pub struct RedriveReport {
+pub(crate) struct RedriveReport {
     /// False when interrupted (run it again to go on).
-    pub finished: bool,
+    pub(crate) finished: bool,
     /// The summary, one line each.
-    pub lines: Vec<String>,
+    pub(crate) lines: Vec<String>,
 }
 
 /// `shardlane redrive` (module docs).
@@ -139,7 +172,7 @@ pub struct RedriveReport {
 /// a dead-letter stream, a dead-letter stream that does not exist, a
 /// `--since` that is not a time, a `--key` that is not parked, a plugin
 /// that cannot run.
-pub async fn redrive(
+pub(crate) async fn redrive(
     config: &Config,
     options: &RedriveOptions,
     interrupt: impl Future<Output = ()>,
@@ -244,7 +277,7 @@ impl<'a> Redrive<'a> {
         })
     }
 
-    /// The bounded run over the dead-letter stream: whether it finished,
+    /// The repair run over the dead-letter stream: whether it finished,
     /// and the run's summary.
     async fn run(
         &self,
@@ -268,18 +301,18 @@ impl<'a> Redrive<'a> {
             options.dry_run || self.key.is_some(),
         )
         .await?;
-        let mut bounded = bounded_subscription(sub, &self.derived, self.reads_per_second);
-        bounded.stream = self.dlq.clone();
-        Arc::make_mut(&mut bounded.sandbox.grants).state = None;
-        if let DispatchMode::Workers(n) = bounded.dispatch {
-            bounded.dispatch = DispatchMode::ByKey(n);
+        let mut run_sub = repair_subscription(sub, &self.derived, self.reads_per_second);
+        run_sub.stream = self.dlq.clone();
+        Arc::make_mut(&mut run_sub.sandbox.grants).state = None;
+        if let DispatchMode::Workers(n) = run_sub.dispatch {
+            run_sub.dispatch = DispatchMode::ByKey(n);
         }
         let range = Arc::new(Range::open_ended(self.from.clone()));
         self.announce();
-        run_bounded(
-            Bounded {
+        run_repair(
+            RepairRun {
                 config,
-                sub: Arc::new(bounded),
+                sub: Arc::new(run_sub),
                 plugins,
                 plugin,
                 telemetry: self.telemetry.clone(),

@@ -64,57 +64,99 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::{Context as _, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
-use super::bounded::{
-    Bounded, Capture, bounded_subscription, check_reads_per_second, check_streams, compile,
-    progress_store, retention_of, run_bounded, short_hash, version_to_run,
+use super::repair_run::{
+    Capture, RepairRun, check_reads_per_second, check_streams, compile, progress_store,
+    repair_subscription, retention_of, run_repair, short_hash, version_to_run,
 };
 use super::subscription;
 use crate::clock::now_ms;
 use crate::config::{Config, LeaseBackend, SubscriptionConfig};
+use crate::fleet_versions::{Command, FleetVersions};
 use crate::ids::{PluginDigest, SequenceNumber, ShardId, StreamName, SubscriptionName};
 use crate::kinesis::{Kinesis, ShardInfo};
 use crate::lease::LeaseStore;
 use crate::reader::range::{Edge, Range};
 use crate::supervisor::{hostname, open_store, plugin_host};
 use crate::telemetry::Telemetry;
-use crate::versions::{Command, FleetVersions};
 
 /// A replay's GetRecords per shard per second, unless `--reads-per-second`
 /// says otherwise: one of the five Kinesis allows, leaving the service
 /// four.
-pub const DEFAULT_READS_PER_SECOND: f64 = 1.0;
+pub(crate) const DEFAULT_READS_PER_SECOND: f64 = 1.0;
 
-/// What `shardlane replay` was asked.
-#[derive(Debug, Clone, Default)]
-pub struct ReplayOptions {
-    /// The subscription.
-    pub subscription: String,
-    /// The range's start: a time, or `shard=sequence` pairs. `None` to
-    /// resume a named replay with its recorded range.
-    pub from: Option<String>,
-    /// The range's end: a time, or `shard=sequence` pairs; `None`: now
-    /// (or the recorded end when resuming).
-    pub to: Option<String>,
-    /// The plugin version to run; `None`: the one the fleet runs.
-    pub plugin: Option<PathBuf>,
-    /// Put nothing, write nothing: count and sample.
-    pub dry_run: bool,
-    /// The replay's name; `None`: one made from its range and version.
-    pub name: Option<String>,
-    /// GetRecords per shard per second (default
-    /// [`DEFAULT_READS_PER_SECOND`]).
-    pub reads_per_second: Option<f64>,
+/// What `shardlane replay` was asked (its command line).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct ReplayOptions {
+    /// The subscription's name.
+    #[arg(long, short)]
+    pub(crate) subscription: String,
+    /// The range's start: a time (2026-12-06T10:00:00Z, or -2h for two
+    /// hours ago), or sequence numbers per shard
+    /// (shardId-000000000001=4959…,…; only the shards named are
+    /// replayed). Needed to start a replay, not to resume one.
+    #[arg(long, allow_hyphen_values = true)]
+    pub(crate) from: Option<String>,
+    /// The range's end, included: a time (default: now), or sequence
+    /// numbers per shard.
+    #[arg(long, allow_hyphen_values = true)]
+    pub(crate) to: Option<String>,
+    /// The plugin version to run (default: the version the fleet runs).
+    #[arg(long)]
+    pub(crate) plugin: Option<PathBuf>,
+    /// Put and write nothing: count outputs, dead letters and state,
+    /// print a summary with samples.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// The replay's name, to resume it (default: one made from the
+    /// range and version, printed at the start).
+    #[arg(long)]
+    pub(crate) name: Option<String>,
+    /// GetRecords per shard per second, at most 5 (default 1: the
+    /// service keeps four of the five Kinesis allows).
+    #[arg(long)]
+    pub(crate) reads_per_second: Option<f64>,
+}
+
+/// `shardlane replay`.
+#[derive(clap::Args)]
+pub(crate) struct ReplayArgs {
+    /// The TOML config file.
+    #[arg(long, short, env = "SHARDLANE_CONFIG")]
+    config: PathBuf,
+    #[command(flatten)]
+    options: ReplayOptions,
+    /// Log output format (the log goes to stdout, progress to stderr).
+    #[arg(long, value_enum, default_value_t = super::bootstrap::Format::Text)]
+    log_format: super::bootstrap::Format,
+}
+
+impl ReplayArgs {
+    pub(crate) fn run(self) -> anyhow::Result<std::process::ExitCode> {
+        let Self {
+            config,
+            options,
+            log_format,
+        } = self;
+        super::repair_run::run_command(&config, log_format, |config, interrupt| async move {
+            let report = replay(&config, &options, interrupt).await?;
+            Ok((
+                format!("replay {}:", report.name),
+                report.lines,
+                report.finished,
+            ))
+        })
+    }
 }
 
 /// How a replay ended.
 #[derive(Debug)]
-pub struct ReplayReport {
+pub(crate) struct ReplayReport {
     /// Its name (for `--name`).
-    pub name: String,
+    pub(crate) name: String,
     /// False when interrupted before every shard ended.
-    pub finished: bool,
+    pub(crate) finished: bool,
     /// The summary, one line each.
-    pub lines: Vec<String>,
+    pub(crate) lines: Vec<String>,
 }
 
 /// The range and version a replay was started with, recorded under its
@@ -167,7 +209,7 @@ impl RecordedEdge {
 /// the stream's retention, in the future, an unknown shard), a name in use
 /// for another range or version, a plugin that cannot run, a stream that
 /// does not exist.
-pub async fn replay(
+pub(crate) async fn replay(
     config: &Config,
     options: &ReplayOptions,
     interrupt: impl Future<Output = ()>,
@@ -190,13 +232,8 @@ pub async fn replay(
         LeaseBackend::DynamoDb { .. } => Some(open_store(config).await?),
         _ => None,
     };
-    let (bytes, path) = version_to_run(
-        config,
-        sub,
-        options.plugin.as_deref(),
-        live_store.as_deref(),
-    )
-    .await?;
+    let given = options.plugin.as_deref();
+    let (bytes, path) = version_to_run(config, sub, given, live_store.as_deref()).await?;
     let digest = PluginDigest::of(&bytes);
     let name = match &options.name {
         Some(name) => name.clone(),
@@ -209,34 +246,26 @@ pub async fn replay(
     let plugin = compile(&plugins, sub, path, &bytes, &derived)?;
 
     let store = progress_store(config, live_store, &name, options.dry_run).await?;
-    let (from, to) = record(
-        &*store,
-        &derived,
-        &name,
-        asked,
-        plugin.digest(),
-        options.dry_run,
-    )
-    .await?;
+    let digest = plugin.digest();
+    let (from, to) = record(&*store, &derived, &name, asked, digest, options.dry_run).await?;
     let range = Arc::new(Range::new(from.clone(), to.clone()));
 
-    let replay_sub = Arc::new(bounded_subscription(sub, &derived, reads_per_second));
+    let replay_sub = Arc::new(repair_subscription(sub, &derived, reads_per_second));
     let capture = options.dry_run.then(|| Arc::new(Capture::new(sub)));
+    let dry = if options.dry_run {
+        ", dry run (nothing is put or written)"
+    } else {
+        ""
+    };
     eprintln!(
-        "replay {name} of {} on stream {}: {} .. {}, {} reads per shard per second{}",
+        "replay {name} of {} on stream {}: {} .. {}, {reads_per_second} reads per shard per second{dry}",
         sub.name,
         sub.stream,
         describe(&from),
         describe(&to),
-        reads_per_second,
-        if options.dry_run {
-            ", dry run (nothing is put or written)"
-        } else {
-            ""
-        },
     );
     run_replay(
-        Bounded {
+        RepairRun {
             config,
             sub: replay_sub,
             plugins,
@@ -291,11 +320,11 @@ async fn asked_range(
 /// # Errors
 /// A pipeline task that failed.
 async fn run_replay(
-    bounded: Bounded<'_>,
+    bounded: RepairRun<'_>,
     interrupt: impl Future<Output = ()>,
 ) -> anyhow::Result<ReplayReport> {
     let name = bounded.name.to_owned();
-    let (finished, mut lines) = run_bounded(bounded, interrupt).await?;
+    let (finished, mut lines) = run_repair(bounded, interrupt).await?;
     if !finished {
         lines.push(format!(
             "interrupted: run it again with --name {name} to go on where it stopped"

@@ -23,7 +23,7 @@ pub const POLL_IDLE_MAX: Duration = Duration::from_secs(1);
 /// redelivers at most the last 10 s of records (a graceful stop or
 /// hand-over writes the final checkpoint, and redelivers nothing); state
 /// commits batch 10 s of key writes. The trade-off is a table in the
-/// README's "Lease stores"; KCL's samples checkpoint every 60 s, Lambda
+/// book's "Lease stores" (docs/src/user-guide/lease-stores.md); KCL's samples checkpoint every 60 s, Lambda
 /// after every batch.
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(10);
 /// Small reads keep the records held by a blocked reader (read but not

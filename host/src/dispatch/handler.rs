@@ -4,7 +4,7 @@
 //! one when it has none (at start, after a trap or timeout, after a swap).
 //! The seam speaks only these types — an [`Outcome`] per record, or a
 //! [`CallError`] for a call that gave none — so the plugin stage implements
-//! it for Wasm instances ([`crate::plugin`], [`crate::swap`]), the dispatch
+//! it for Wasm instances ([`crate::plugin`], [`crate::slot`]), the dispatch
 //! benchmark for a native no-op, and the lane's unit tests for a scripted
 //! native handler, none of them needing the others.
 

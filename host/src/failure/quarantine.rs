@@ -61,7 +61,7 @@
 //! `max_keys` blocks its lane as `on_failure = "block"` does (retried,
 //! logged), and a later record of a key at `max_records` waits until the
 //! key is released. Either way the lane waits, and, once its inbox is
-//! full, the subscription (see the README's "Failures and limits"). A
+//! full, the subscription (see the book's "Failures and limits"). A
 //! shard's reader reads every parked key before it starts (one paginated
 //! read: 10,000 keys of 256 bytes are about 6 MB, six DynamoDB pages).
 //!

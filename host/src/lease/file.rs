@@ -27,7 +27,7 @@
 //! skip what arrived while the host was down (`start = "latest"`); moving the
 //! file away is the operator's decision.
 //!
-//! A subscription's documents — its fleet versions ([`crate::versions`])
+//! A subscription's documents — its fleet versions ([`crate::fleet_versions`])
 //! — live in a third table, `versions`, keyed by subscription, each value
 //! the JSON document; its item collections — its parked keys
 //! ([`crate::parked`]), its canary counts — in a fourth, `items`, keyed by
@@ -799,9 +799,9 @@ mod tests {
 #[cfg(test)]
 mod versions_tests {
     use super::*;
+    use crate::fleet_versions::{Command, FleetVersions, VersionsError};
     use crate::ids::PluginDigest;
     use crate::lease::{VersionsUpdateError, update_versions};
-    use crate::versions::{Command, FleetVersions, VersionsError};
 
     /// Catches: fleet versions that do not survive a restart (a restarted
     /// host would run its config's plugin again, undoing a deploy), a

@@ -33,12 +33,10 @@
 //!   sync or on any landed write of the lease, starts a graceful hand-over.
 //!
 //! # Validity: a reader never hands out records on a lapsed lease
-//! Another instance takes a lease only after watching both its counter and
-//! our heartbeat stand still for a lease duration, starting no earlier than
-//! our last write of each. So the lease is surely ours until (the moment we
-//! *sent* the later of our last landed heartbeat and our last landed write
-//! of the lease) + `lease_duration`. The keeper publishes
-//! that deadline to the shard's reader on a `watch` channel, and the reader
+//! The protocol and why it fences are argued once, in [`super`]
+//! ("Heartbeats": the rule, the holder's side, why it fences); here is how
+//! the keeper carries it out. It publishes each held lease's deadline
+//! (the holder's side) to the shard's reader on a `watch` channel, and the reader
 //! sends nothing into the channel, and opens no iterator, past it: it waits
 //! for the next heartbeat (which moves the deadline) or for the keeper to
 //! find the lease lost (which stops it). This is what fences an instance

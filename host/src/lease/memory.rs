@@ -376,9 +376,9 @@ mod versions_tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
+    use crate::fleet_versions::{Action, Command};
     use crate::ids::PluginDigest;
     use crate::lease::update_versions;
-    use crate::versions::{Action, Command};
 
     /// The memory store, where another writer's change lands just before
     /// this one's first write.

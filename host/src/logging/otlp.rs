@@ -4,7 +4,7 @@
 //! `opentelemetry-otlp` (protobuf over HTTP, a batch exporter on its own
 //! thread with a blocking client), whatever the log filter says about them
 //! (the log keeps them off by default; the exporter takes every span of
-//! [`TARGET`](crate::telemetry::spans::TARGET) at `info`).
+//! [`crate::telemetry::spans::TARGET`] at `info`).
 //!
 //! Spans are exported in batches in the background; a collector that is
 //! down costs dropped spans (the exporter's queue is bounded), never a

@@ -24,10 +24,10 @@ use tower_http::timeout::TimeoutLayer;
 
 use super::limits::{BODY_READ_TIMEOUT, CONNECTION_LIFETIME, LogGate, capped};
 use super::{LOG_INTERVAL, MAX_PLUGIN_UPLOAD, OpsState, Routes, status_page};
+use crate::fleet_versions::{CanaryRules, Command, VersionsError};
 use crate::ids::SubscriptionName;
 use crate::key_slice::KeySlice;
 use crate::rollout::RolloutError;
-use crate::versions::{CanaryRules, Command, VersionsError};
 
 /// Longest a read-only request may take: they answer from memory.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);

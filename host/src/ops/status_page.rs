@@ -39,7 +39,7 @@ struct SubscriptionSnapshot {
     lanes: Vec<LaneSnapshot>,
     lease_changes: Vec<LeaseChangeSnapshot>,
     /// The latest entries of the fleet's version history, newest first.
-    history: Vec<crate::versions::Change>,
+    history: Vec<crate::fleet_versions::Change>,
     /// Why the fleet's versions do not run here, while they do not.
     version_problem: Option<String>,
     /// The shadow candidate and its counts, while one runs.

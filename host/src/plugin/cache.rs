@@ -1,6 +1,39 @@
 //! The compile cache: compiled components on disk, trusted only when the
-//! host's own user wrote them (see "Compile cache: threat model" in
-//! [`super`]).
+//! host's own user wrote them.
+//!
+//! # Threat model
+//! Compiling a large component takes seconds, so compiled components are
+//! kept on disk ([`CompileCache`]). Loading one is `unsafe`
+//! (`Component::deserialize`, like `deserialize_file`): wasmtime maps the entry's bytes as executable
+//! machine code and checks only that its header matches this engine and
+//! wasmtime release, not that the code is what compiling the plugin would
+//! give. So whoever can write an entry runs native code in the host process
+//! — outside the sandbox, with the host's privileges, for every record —
+//! while `/metrics` shows the digest of the plugin the operator deployed.
+//! Entry names are no secret (they follow from that digest).
+//!
+//! Hence only the host's own user (its effective uid) may write the cache,
+//! and root, who can do anything anyway. What is checked:
+//! - The folder is created with mode 0700. At start-up an existing folder is
+//!   refused when it is not a folder, not owned by the host's euid, or
+//!   writable by group or others; the host then runs without a cache and
+//!   says so in one line naming the folder and why. We refuse rather than
+//!   fix the mode: entries may already have been planted; and we run without
+//!   the cache rather than fail start-up: it saves compile time, nothing
+//!   more.
+//! - Every entry is opened without following a symlink (`O_NOFOLLOW`) and
+//!   checked on the opened descriptor (not by path, which a rename could
+//!   race): a regular file, owned by the host's euid, writable by no one
+//!   else, with one hard link (a link is how an entry of another plugin
+//!   could be passed off under this one's name), of bounded size. An entry
+//!   that fails is ignored — compiled afresh and replaced — with a warning
+//!   naming it. Checking entries as well as the folder covers a folder
+//!   whose parent another user can write (they could swap the folder after
+//!   start-up, but not make files owned by the host's user).
+//! - Entries are written to a new file with an unpredictable name created
+//!   with `O_CREAT | O_EXCL | O_NOFOLLOW` and mode 0600, then renamed into
+//!   place, so nothing planted in advance (a file, a symlink) is written
+//!   through.
 
 use std::path::{Path, PathBuf};
 

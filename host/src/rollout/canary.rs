@@ -1,6 +1,6 @@
 //! A canary that decides: a canary with rules (`rollback_failure_rate`,
 //! `min_records`, `promote_after`; see
-//! [`crate::versions::CanaryPlan::decide`]) judged on the whole fleet's
+//! [`crate::fleet_versions::CanaryPlan::decide`]) judged on the whole fleet's
 //! figures.
 //!
 //! # Counts that outlive an instance
@@ -30,13 +30,13 @@
 //! canaries that ended are deleted by their instance.
 //!
 //! [`DECIDE_EVERY`]: super::DECIDE_EVERY
-//! [`CanaryPlan::id`]: crate::versions::CanaryPlan::id
+//! [`CanaryPlan::id`]: crate::fleet_versions::CanaryPlan::id
 
 use std::sync::Mutex;
 
 use super::{Rollout, RolloutError};
+use crate::fleet_versions::{CanaryCounts, CanaryPlan, Command, Decision, VersionsError};
 use crate::lease::{ItemKind, ItemWrite, LeaseError};
-use crate::versions::{CanaryCounts, CanaryPlan, Command, Decision, VersionsError};
 
 /// This instance's item of the running canary.
 #[derive(Default)]

@@ -9,11 +9,11 @@ use std::time::Duration;
 use super::*;
 use crate::config::{ArtifactLocation, ArtifactsConfig, LeaseBackend};
 use crate::dispatch::{Handler, HandlerFactory};
+use crate::fleet_versions::Action;
 use crate::ids::LaneId;
 use crate::lease::memory::MemoryLeaseStore;
 use crate::plugin::PluginHost;
 use crate::state::CallState;
-use crate::versions::Action;
 
 fn guest(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap()
@@ -332,7 +332,7 @@ async fn handle(slot: &PluginSlot, n: u64) {
 }
 
 /// The fleet's counts of the running canary, as the judge sums them.
-async fn fleet_counts(rollout: &Rollout) -> crate::versions::CanaryCounts {
+async fn fleet_counts(rollout: &Rollout) -> crate::fleet_versions::CanaryCounts {
     let plan = rollout
         .latest
         .lock()

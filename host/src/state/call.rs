@@ -225,7 +225,7 @@ impl CallState {
         })
     }
 
-    /// A copy for a shadow call (see `crate::swap`): the state as this
+    /// A copy for a shadow call (see `crate::slot`): the state as this
     /// call sees it now, with no writes of its own. Its writes are never
     /// staged or committed: whoever holds it only compares them.
     pub fn fork(&self) -> CallState {

@@ -247,7 +247,7 @@ pub(crate) struct SubscriptionStatus {
     lanes: Mutex<BTreeMap<u32, Counter>>,
     lease_changes: Mutex<VecDeque<LeaseChange>>,
     /// The latest entries of the fleet's version history, newest first.
-    history: Mutex<Vec<crate::versions::Change>>,
+    history: Mutex<Vec<crate::fleet_versions::Change>>,
     /// Why the fleet's versions do not run here, while they do not.
     version_problem: Mutex<Option<String>>,
     /// Why the subscription runs nothing here (it waits for its version),
@@ -423,7 +423,7 @@ impl SubscriptionStatus {
 
     /// The fleet's version history as last read: the page shows the
     /// latest [`HISTORY_SHOWN`] entries.
-    pub(crate) fn set_history(&self, history: &[crate::versions::Change]) {
+    pub(crate) fn set_history(&self, history: &[crate::fleet_versions::Change]) {
         let latest = history.iter().rev().take(HISTORY_SHOWN).cloned().collect();
         *self.history.lock().unwrap_or_else(|e| e.into_inner()) = latest;
     }
@@ -464,7 +464,7 @@ impl SubscriptionStatus {
     }
 
     /// The latest entries of the fleet's version history, newest first.
-    pub(crate) fn history(&self) -> Vec<crate::versions::Change> {
+    pub(crate) fn history(&self) -> Vec<crate::fleet_versions::Change> {
         self.history
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -591,7 +591,7 @@ impl Subscription<'_, '_> {
                 ),
             )
         })?;
-        let mut rules = crate::versions::CanaryRules {
+        let mut rules = crate::fleet_versions::CanaryRules {
             min_records: defaults::CANARY_MIN_RECORDS,
             ..Default::default()
         };

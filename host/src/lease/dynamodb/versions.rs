@@ -15,7 +15,7 @@
 //! condition answers false. Reads are strongly
 //! consistent: an instance that just wrote reads its own write.
 //!
-//! [`HISTORY_KEPT`]: crate::versions::HISTORY_KEPT
+//! [`HISTORY_KEPT`]: crate::fleet_versions::HISTORY_KEPT
 
 use std::collections::HashMap;
 

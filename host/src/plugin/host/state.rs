@@ -1,4 +1,4 @@
-//! `state`: per-key state, read and written on the call's [`CallState`]
+//! `state`: per-key state, read and written on the call's [`CallState`](crate::state::CallState)
 //! (see [`crate::state`]); the lane keeps a record's writes only if its
 //! attempt acks. Every refusal is an error value to the guest, never a
 //! trap.

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use super::shadow::{Admission, Live, Shadow, ShadowCall};
 use crate::channel::Record;
 use crate::dispatch::{CallError, Handled, Handler, Outcome};
+use crate::fleet_versions::CanaryCounts;
 use crate::ids::{LaneId, PluginDigest};
 use crate::key_slice::KeySlice;
 use crate::plugin::{Instance, Plugin, PluginError};
 use crate::state::CallState;
 use crate::telemetry::{CanaryView, Counter, Telemetry, VersionCounts};
-use crate::versions::CanaryCounts;
 
 /// Which version handled a record while a canary runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,7 +116,7 @@ fn totals(stable: &RoleCounters, candidate: &RoleCounters) -> CanaryCounts {
 pub(super) struct Canary {
     pub(super) plugin: Arc<Plugin>,
     pub(super) slice: KeySlice,
-    /// Its identity ([`crate::versions::CanaryPlan::id`]).
+    /// Its identity ([`crate::fleet_versions::CanaryPlan::id`]).
     pub(super) id: u64,
     stable_counts: RoleCounters,
     candidate_counts: RoleCounters,

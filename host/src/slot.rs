@@ -13,7 +13,7 @@
 //! stays and the error is logged with the file and the reason. The file is
 //! read only when it is a regular file of at most
 //! [`MAX_PLUGIN_BYTES`](crate::files::MAX_PLUGIN_BYTES), without blocking
-//! on the open (see [`files`](crate::files)): a FIFO, a device or an
+//! on the open (see [`files`]): a FIFO, a device or an
 //! oversized file swapped in is refused the same way, the watcher keeps
 //! watching, and shutdown never waits for a read.
 //!
@@ -333,7 +333,7 @@ impl PluginSlot {
     }
 
     /// What this instance counted of the running canary, if one runs.
-    pub(crate) fn canary_counts(&self) -> Option<crate::versions::CanaryCounts> {
+    pub(crate) fn canary_counts(&self) -> Option<crate::fleet_versions::CanaryCounts> {
         self.versions().canary.as_ref().map(Canary::counts)
     }
 

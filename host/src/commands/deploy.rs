@@ -1,5 +1,5 @@
 //! `shardlane deploy`, `versions`, `promote` and `rollback`: a
-//! subscription's fleet versions ([`crate::versions`]) changed or read
+//! subscription's fleet versions ([`crate::fleet_versions`]) changed or read
 //! through its lease store, the bytes kept in its artifact store
 //! ([`crate::artifacts`]). Every instance sharing the store follows within
 //! a poll (see `crate::rollout`); nothing here talks to an instance.
@@ -11,19 +11,24 @@
 //! the fleet's versions are kept in another store than this config's
 //! (`VersionsError::OtherStore`): a failure at any step records nothing.
 
-use std::path::Path;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 
 use crate::config::{Config, LeaseBackend, SubscriptionConfig, defaults};
 use crate::files::{self, MAX_PLUGIN_BYTES};
+use crate::fleet_versions::{
+    CanaryRules, CanaryStart, Command, FleetVersions, Stored, check_fraction,
+};
 use crate::ids::PluginDigest;
 use crate::lease::{LeaseStore, update_versions};
 use crate::plugin::World;
 use crate::supervisor::{hostname, open_artifacts, open_store, plugin_host};
-use crate::versions::{CanaryRules, CanaryStart, Command, FleetVersions, Stored, check_fraction};
 
+use super::bootstrap;
 use super::subscription;
 
 /// Who made a change, in the history.
@@ -46,17 +51,17 @@ async fn store(config: &Config, sub: &SubscriptionConfig) -> anyhow::Result<Arc<
 
 /// A canary asked of `shardlane deploy`.
 #[derive(Debug, Clone, Default)]
-pub struct CanaryOptions {
+pub(crate) struct CanaryOptions {
     /// The fraction of partition keys, in (0, 1).
-    pub key_fraction: f64,
+    pub(crate) key_fraction: f64,
     /// Rolled back by itself when its failure rate exceeds the stable
     /// version's by more than this.
-    pub rollback_failure_rate: Option<f64>,
+    pub(crate) rollback_failure_rate: Option<f64>,
     /// Records it must have handled, fleet-wide, before it is judged
     /// (default [`defaults::CANARY_MIN_RECORDS`]).
-    pub min_records: Option<u64>,
+    pub(crate) min_records: Option<u64>,
     /// Promoted by itself after this long without a rollback.
-    pub promote_after: Option<std::time::Duration>,
+    pub(crate) promote_after: Option<std::time::Duration>,
 }
 
 impl CanaryOptions {
@@ -81,7 +86,7 @@ impl CanaryOptions {
 
 /// What `shardlane deploy` makes of the plugin.
 #[derive(Debug, Clone)]
-pub enum DeployAs {
+pub(crate) enum DeployAs {
     /// The stable version.
     Stable,
     /// A canary's candidate.
@@ -101,7 +106,7 @@ pub enum DeployAs {
 /// configured for a shared store, a missing bucket or registry), the
 /// rules (a canary already running), the lease store. Nothing is recorded
 /// then.
-pub async fn deploy(
+pub(crate) async fn deploy(
     config: &Config,
     subscription_name: &str,
     plugin: &Path,
@@ -179,7 +184,7 @@ pub async fn deploy(
 ///
 /// # Errors
 /// No such subscription; the lease store cannot be read.
-pub async fn versions(
+pub(crate) async fn versions(
     config: &Config,
     subscription_name: &str,
 ) -> anyhow::Result<Option<FleetVersions>> {
@@ -192,7 +197,10 @@ pub async fn versions(
 ///
 /// # Errors
 /// No canary runs; no such subscription; the lease store fails.
-pub async fn promote(config: &Config, subscription_name: &str) -> anyhow::Result<FleetVersions> {
+pub(crate) async fn promote(
+    config: &Config,
+    subscription_name: &str,
+) -> anyhow::Result<FleetVersions> {
     change(config, subscription_name, Command::Promote).await
 }
 
@@ -200,7 +208,10 @@ pub async fn promote(config: &Config, subscription_name: &str) -> anyhow::Result
 ///
 /// # Errors
 /// No shadow runs; no such subscription; the lease store fails.
-pub async fn end_shadow(config: &Config, subscription_name: &str) -> anyhow::Result<FleetVersions> {
+pub(crate) async fn end_shadow(
+    config: &Config,
+    subscription_name: &str,
+) -> anyhow::Result<FleetVersions> {
     change(config, subscription_name, Command::EndShadow).await
 }
 
@@ -210,7 +221,7 @@ pub async fn end_shadow(config: &Config, subscription_name: &str) -> anyhow::Res
 /// # Errors
 /// Nothing to roll back to, a version never deployed, a canary running
 /// while `to` is named; no such subscription; the lease store fails.
-pub async fn rollback(
+pub(crate) async fn rollback(
     config: &Config,
     subscription_name: &str,
     to: Option<&str>,
@@ -227,4 +238,198 @@ async fn change(
     let sub = subscription(config, subscription_name)?;
     let store = store(config, sub).await?;
     Ok(update_versions(&*store, &sub.name, command, &by()).await?)
+}
+
+/// The config file and the subscription every versions command names.
+#[derive(clap::Args)]
+pub(crate) struct Target {
+    /// The TOML config file.
+    #[arg(long, short, env = "SHARDLANE_CONFIG")]
+    config: PathBuf,
+    /// The subscription's name.
+    #[arg(long, short)]
+    subscription: String,
+}
+
+impl Target {
+    /// Runs `change` on the config and prints what runs now.
+    fn change<F, Fut>(self, what: &str, change: F) -> anyhow::Result<ExitCode>
+    where
+        F: FnOnce(Config, String) -> Fut,
+        Fut: Future<Output = anyhow::Result<FleetVersions>>,
+    {
+        let config = bootstrap::config(&self.config)?;
+        let versions = bootstrap::one_shot(change(config, self.subscription))?;
+        println!(
+            "{what} (revision {}): every instance sharing the lease store follows within seconds",
+            versions.revision
+        );
+        print_running(&versions);
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// `shardlane deploy`.
+#[derive(clap::Args)]
+pub(crate) struct DeployArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Start it as a canary on this fraction of the partition keys
+    /// (0 to 1, both excluded) instead of making it the stable version.
+    #[arg(long, conflicts_with = "shadow")]
+    canary: Option<f64>,
+    /// Start it as a shadow candidate instead: every record goes to it
+    /// after the live version; its outcomes, outputs and state writes
+    /// are compared and never applied.
+    #[arg(long)]
+    shadow: bool,
+    /// With `--canary`: roll it back by itself once its failure rate
+    /// (retry, reject, trap, timeout) exceeds the stable version's by
+    /// more than this (0.05 = five points), fleet-wide.
+    #[arg(long, requires = "canary")]
+    rollback_on_failure_rate: Option<f64>,
+    /// With `--canary`: records it must have handled, fleet-wide,
+    /// before its rules judge it (default 100).
+    #[arg(long, requires = "canary")]
+    min_records: Option<u64>,
+    /// With `--canary`: promote it by itself after this long without a
+    /// rollback (e.g. 10m).
+    #[arg(long, requires = "canary", value_parser = humantime::parse_duration)]
+    promote_after: Option<std::time::Duration>,
+    /// The plugin's .wasm file.
+    plugin: PathBuf,
+}
+
+impl DeployArgs {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
+        let as_ = match (self.canary, self.shadow) {
+            (Some(key_fraction), _) => DeployAs::Canary(CanaryOptions {
+                key_fraction,
+                rollback_failure_rate: self.rollback_on_failure_rate,
+                min_records: self.min_records,
+                promote_after: self.promote_after,
+            }),
+            (None, true) => DeployAs::Shadow,
+            (None, false) => DeployAs::Stable,
+        };
+        let plugin = self.plugin;
+        self.target.change("deployed", |config, sub| async move {
+            deploy(&config, &sub, &plugin, &as_).await
+        })
+    }
+}
+
+/// `shardlane promote`.
+#[derive(clap::Args)]
+pub(crate) struct PromoteArgs {
+    #[command(flatten)]
+    target: Target,
+}
+
+impl PromoteArgs {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
+        self.target.change("promoted", |config, sub| async move {
+            promote(&config, &sub).await
+        })
+    }
+}
+
+/// `shardlane rollback`.
+#[derive(clap::Args)]
+pub(crate) struct RollbackArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The version to go back to (`sha256:…`, from `shardlane versions`).
+    #[arg(long, conflicts_with = "shadow")]
+    to: Option<String>,
+    /// Stop the shadow candidate instead.
+    #[arg(long)]
+    shadow: bool,
+}
+
+impl RollbackArgs {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
+        let Self { target, to, shadow } = self;
+        if shadow {
+            return target.change("shadow stopped", |config, sub| async move {
+                end_shadow(&config, &sub).await
+            });
+        }
+        target.change("rolled back", |config, sub| async move {
+            rollback(&config, &sub, to.as_deref()).await
+        })
+    }
+}
+
+/// `shardlane versions`.
+#[derive(clap::Args)]
+pub(crate) struct VersionsArgs {
+    #[command(flatten)]
+    target: Target,
+}
+
+impl VersionsArgs {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
+        let Target {
+            config,
+            subscription,
+        } = self.target;
+        let config = bootstrap::config(&config)?;
+        let Some(versions) = bootstrap::one_shot(versions(&config, &subscription))? else {
+            println!(
+                "subscription {subscription:?} has no fleet versions yet: they are recorded when its first instance starts"
+            );
+            return Ok(ExitCode::SUCCESS);
+        };
+        print_running(&versions);
+        println!();
+        println!(
+            "{:<20}  {:<15}  {:<19}  {:<32}  NOTE",
+            "WHEN (UTC)", "ACTION", "VERSION", "BY"
+        );
+        for change in &versions.history {
+            let when = std::time::UNIX_EPOCH + std::time::Duration::from_millis(change.at_ms);
+            println!(
+                "{:<20}  {:<15}  {:<19}  {:<32}  {}",
+                humantime::format_rfc3339_seconds(when).to_string(),
+                change.action.label(),
+                change.digest.short(),
+                change.by,
+                change.note
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// What runs: the stable version, a canary with its rules, a shadow.
+fn print_running(versions: &FleetVersions) {
+    match &versions.stable {
+        Some(stable) => println!("stable:  {stable}"),
+        None => println!("stable:  (none recorded)"),
+    }
+    if let Some(canary) = &versions.canary {
+        println!(
+            "canary:  {} on {:.1} % of the keys",
+            canary.candidate,
+            canary.key_fraction * 100.0
+        );
+        let rules = &canary.rules;
+        if let Some(rate) = rules.rollback_failure_rate {
+            println!(
+                "         rolled back if it fails more than {:.1} points above the stable version (judged after {} records)",
+                rate * 100.0,
+                rules.min_records
+            );
+        }
+        if let Some(after) = rules.promote_after_ms {
+            println!(
+                "         promoted after {}",
+                humantime::format_duration(std::time::Duration::from_millis(after))
+            );
+        }
+    }
+    if let Some(shadow) = &versions.shadow {
+        println!("shadow:  {shadow}");
+    }
 }

@@ -1,4 +1,4 @@
-//! What replays and redrives share: a **bounded run** of a subscription —
+//! What replays and redrives share: a **repair run** of a subscription —
 //! one pipeline ([`crate::pipeline`]) under a name of its own, its readers
 //! carrying a range ([`crate::reader::range`]), one plugin version, its
 //! own read budget and checkpoints — with its progress on the terminal
@@ -8,7 +8,7 @@
 //! The subscription runs as its config describes it (dispatch mode,
 //! batching, failure policy, sandbox limits and grants) but polls within
 //! the run's budget, runs no canary, checkpoints every second, and
-//! dead-letters instead of parking keys ([`bounded_subscription`]). The
+//! dead-letters instead of parking keys ([`repair_subscription`]). The
 //! run is done once every shard of its stream ended in it or truly ended
 //! before; an interrupt stops it in order (final checkpoints, leases
 //! released), so it can go on from there.
@@ -43,50 +43,50 @@ use crate::plugin::{Plugin, PluginHost, World};
 use crate::progress::Checkpoint;
 use crate::reader::Decode;
 use crate::reader::range::Range;
+use crate::slot::PluginSlot;
 use crate::supervisor::{check_stream, hostname, open_artifacts, open_store};
-use crate::swap::PluginSlot;
 use crate::telemetry::Telemetry;
 
-/// How often a bounded run checkpoints (see `replay`, "Progress and
+/// How often a repair run checkpoints (see `replay`, "Progress and
 /// resuming").
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
-/// How often a bounded run's keeper looks for shards to take: children start
+/// How often a repair run's keeper looks for shards to take: children start
 /// within this of their parents' end.
 const SHARD_SYNC_EVERY: Duration = Duration::from_secs(2);
 
 /// How often progress is drawn.
 const DRAW_EVERY: Duration = Duration::from_millis(250);
 
-/// How often a bounded run checks whether every shard ended.
+/// How often a repair run checks whether every shard ended.
 const DONE_EVERY: Duration = Duration::from_secs(1);
-/// The subscription `sub` as a bounded run (a replay, a redrive) runs it
+/// The subscription `sub` as a repair run (a replay, a redrive) runs it
 /// under `name`: polling within `reads_per_second`, no canary, its own
 /// checkpoints every second (module docs).
-pub(super) fn bounded_subscription(
+pub(super) fn repair_subscription(
     sub: &SubscriptionConfig,
     name: &SubscriptionName,
     reads_per_second: f64,
 ) -> SubscriptionConfig {
-    let mut bounded = sub.clone();
-    bounded.name = name.clone();
-    bounded.read = ReadMode::Polling;
-    bounded.canary = None;
-    bounded.start = StartPosition::TrimHorizon;
-    bounded.max_reads_per_second = reads_per_second;
-    bounded.checkpoint_every = CHECKPOINT_EVERY;
-    // A bounded run parks no key: its dead letters go to the stream, where
+    let mut run_sub = sub.clone();
+    run_sub.name = name.clone();
+    run_sub.read = ReadMode::Polling;
+    run_sub.canary = None;
+    run_sub.start = StartPosition::TrimHorizon;
+    run_sub.max_reads_per_second = reads_per_second;
+    run_sub.checkpoint_every = CHECKPOINT_EVERY;
+    // A repair run parks no key: its dead letters go to the stream, where
     // `redrive` finds them (their `subscription` is the run's name).
-    if let OnFailure::Quarantine(stream) = &bounded.failure.on_failure {
-        bounded.failure.on_failure = OnFailure::DeadLetter(stream.clone());
+    if let OnFailure::Quarantine(stream) = &run_sub.failure.on_failure {
+        run_sub.failure.on_failure = OnFailure::DeadLetter(stream.clone());
     }
-    bounded
+    run_sub
 }
 
-/// What one bounded run (a replay, a redrive) is made of.
-pub(super) struct Bounded<'a> {
+/// What one repair run (a replay, a redrive) is made of.
+pub(super) struct RepairRun<'a> {
     pub config: &'a Config,
-    /// The subscription as it runs ([`bounded_subscription`]).
+    /// The subscription as it runs ([`repair_subscription`]).
     pub sub: Arc<SubscriptionConfig>,
     pub plugins: PluginHost,
     pub plugin: Plugin,
@@ -102,17 +102,17 @@ pub(super) struct Bounded<'a> {
     pub name: &'a str,
 }
 
-/// Runs a bounded pipeline until every shard of its stream ended, or
+/// Runs a repair run's pipeline until every shard of its stream ended, or
 /// `interrupt` (then it stops in order, resumable); returns whether it
 /// finished, and the summary.
 ///
 /// # Errors
 /// When a pipeline task failed.
-pub(super) async fn run_bounded(
-    run: Bounded<'_>,
+pub(super) async fn run_repair(
+    run: RepairRun<'_>,
     interrupt: impl Future<Output = ()>,
 ) -> anyhow::Result<(bool, Vec<String>)> {
-    let Bounded {
+    let RepairRun {
         config,
         sub,
         plugins,
@@ -169,6 +169,38 @@ pub(super) async fn run_bounded(
     ))
 }
 
+/// Runs a repair command (replay, redrive) from the command line: logs as
+/// `run` does (stdout), progress on stderr, then its title and summary
+/// lines on stdout; exits 130 when SIGINT or SIGTERM interrupted it.
+///
+/// # Errors
+/// The config's, the log's, or the command's own (one line, before
+/// anything is read).
+pub(super) fn run_command<F, Fut>(
+    config: &Path,
+    format: super::bootstrap::Format,
+    run: F,
+) -> anyhow::Result<std::process::ExitCode>
+where
+    F: FnOnce(Config, std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
+    Fut: Future<Output = anyhow::Result<(String, Vec<String>, bool)>>,
+{
+    let config = super::bootstrap::config(config)?;
+    let _log = super::bootstrap::logging(format, None)?;
+    let (title, lines, finished) = super::bootstrap::service(|mut signals| {
+        run(config, Box::pin(async move { signals.next().await }))
+    })?;
+    println!("{title}");
+    for line in &lines {
+        println!("  {line}");
+    }
+    Ok(if finished {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(130)
+    })
+}
+
 /// `--reads-per-second`: from 0.01 (as the config's `max_reads_per_second`)
 /// to 5 (Kinesis's limit per shard).
 pub(super) fn check_reads_per_second(reads: f64) -> anyhow::Result<()> {
@@ -178,7 +210,7 @@ pub(super) fn check_reads_per_second(reads: f64) -> anyhow::Result<()> {
     );
     Ok(())
 }
-/// Every stream a bounded run puts to exists (its outputs, its
+/// Every stream a repair run puts to exists (its outputs, its
 /// dead-letter stream), as the service checks them at start.
 pub(super) async fn check_streams(
     kinesis: &Kinesis,
@@ -208,7 +240,7 @@ pub(super) async fn retention_of(
     })
 }
 
-/// The bytes of the version a bounded run runs, and the path that names
+/// The bytes of the version a repair run runs, and the path that names
 /// it: `given` (`--plugin`), or the one the fleet runs.
 pub(super) async fn version_to_run<'a>(
     config: &Config,
@@ -234,7 +266,7 @@ pub(super) fn short_hash(text: &str) -> String {
         .collect()
 }
 
-/// The version a bounded run runs (see `replay`, "What runs"), compiled
+/// The version a repair run runs (see `replay`, "What runs"), compiled
 /// and checked against the subscription's batching.
 pub(super) fn compile(
     plugins: &PluginHost,
@@ -305,7 +337,7 @@ async fn running_bytes(
         .await
         .with_context(|| format!("cannot fetch the fleet's version {stable}"))
 }
-/// Where the bounded run `name` keeps its progress (see `replay`,
+/// Where the repair run `name` keeps its progress (see `replay`,
 /// "Progress and resuming"): the live store `live` when it is the
 /// DynamoDB one (opened when `None`); a file beside a file store's
 /// (`<path>.replay-<name>`); memory otherwise, and for a dry run.
