@@ -192,6 +192,7 @@ fn subscription(dispatch: DispatchMode, batch: Option<usize>) -> Arc<Subscriptio
             },
         },
         sandbox: sandbox(),
+        filter: None,
     })
 }
 
@@ -512,6 +513,82 @@ fn main() -> anyhow::Result<()> {
     }
     if filter.as_deref().is_none_or(|f| "languages".contains(f)) {
         languages(&runtime)?;
+    }
+    if filter.as_deref().is_none_or(|f| "filter".contains(f)) {
+        filter_cost()?;
+    }
+    Ok(())
+}
+
+/// What an event filter costs a record: 200-byte JSON records against
+/// Lambda-style patterns, the filter alone (no pipeline), best of three.
+fn filter_cost() -> anyhow::Result<()> {
+    use shardlane::{Filter, RecordView};
+    let data: Vec<Vec<u8>> = (0..10_000)
+        .map(|i| {
+            let mut d = format!(
+                r#"{{"kind": "{}", "amount": {}, "region": "eu-west-{}", "customer": "c-{:06}", "tags": ["a", "b"]"#,
+                if i % 10 == 0 { "order" } else { "view" },
+                i % 500,
+                i % 3,
+                i
+            );
+            while d.len() < 199 {
+                d.push(' ');
+            }
+            d.push('}');
+            d.into_bytes()
+        })
+        .collect();
+    let cases: [(&str, &[&str]); 3] = [
+        (
+            "partition key prefix (no data rule)",
+            &[r#"{"partitionKey": [{"prefix": "vip-"}]}"#],
+        ),
+        (
+            "data: exact and numeric",
+            &[r#"{"data": {"kind": ["order"], "amount": [{"numeric": [">", 100]}]}}"#],
+        ),
+        (
+            "5 patterns: data and key",
+            &[
+                r#"{"data": {"kind": ["order"], "amount": [{"numeric": [">", 100]}]}}"#,
+                r#"{"data": {"region": [{"prefix": "us-"}]}}"#,
+                r#"{"data": {"customer": [{"wildcard": "c-0001*"}]}}"#,
+                r#"{"data": {"tags": [{"anything-but": ["a", "b"]}]}}"#,
+                r#"{"partitionKey": [{"prefix": "vip-"}]}"#,
+            ],
+        ),
+    ];
+    println!();
+    println!("event filter alone: 200-byte JSON records, 10 % orders (one core)");
+    for (label, patterns) in cases {
+        let filter = Filter::parse(patterns)?;
+        let once = || {
+            let start = Instant::now();
+            let mut admitted = 0usize;
+            for _ in 0..20 {
+                for (i, d) in data.iter().enumerate() {
+                    let key = format!("k-{}", i % 200);
+                    let view = RecordView {
+                        partition_key: &key,
+                        sequence_number: "49590338271490256608559692538361571095921575989136588898",
+                        approximate_arrival_ms: 1_545_084_650_987,
+                        data: d,
+                    };
+                    admitted += usize::from(filter.admits(&view));
+                }
+            }
+            (start.elapsed(), admitted)
+        };
+        let (elapsed, admitted) = (0..3).map(|_| once()).min_by_key(|(d, _)| *d).unwrap();
+        let n = 20 * data.len();
+        println!(
+            "  {label:<38} {:>12.0} rec/s {:>8.0} ns/rec  ({} % admitted)",
+            n as f64 / elapsed.as_secs_f64(),
+            elapsed.as_nanos() as f64 / n as f64,
+            admitted * 100 / n
+        );
     }
     Ok(())
 }

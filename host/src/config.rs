@@ -564,6 +564,10 @@ pub struct SubscriptionConfig {
     pub failure: FailurePolicy,
     /// Limits and capabilities of the guest.
     pub sandbox: SandboxConfig,
+    /// The event filter (`filter`): a record that matches none of its
+    /// patterns settles at its reader without a call (see
+    /// [`crate::filter`]); `None` lets every record in.
+    pub filter: Option<Arc<crate::filter::Filter>>,
 }
 
 impl SubscriptionConfig {

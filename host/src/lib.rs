@@ -59,7 +59,7 @@
 //! (the keeper's `CheckpointState`; the dispatch seam the plugin
 //! implements). This list is the one the suite checks (`layers` test):
 //!
-//! 1. ground values: `ids`, `progress`, `key_slice`, `clock`, `cause`, `files`, `backoff`, `kpl`, `fleet_versions`, `parked`
+//! 1. ground values: `ids`, `progress`, `key_slice`, `clock`, `cause`, `files`, `backoff`, `kpl`, `fleet_versions`, `parked`, `filter`
 //! 2. config: `config`
 //! 3. sinks and clients: `logging`, `telemetry`, `throttle`, `kinesis`, `channel`, `artifacts`
 //! 4. leases: `lease`
@@ -97,6 +97,7 @@ mod config;
 mod dispatch;
 mod failure;
 mod files;
+mod filter;
 mod fleet_versions;
 mod ids;
 mod key_slice;
@@ -132,6 +133,7 @@ pub use config::{Config, defaults};
 pub use dispatch::LANE_INBOX;
 pub use dispatch::routing::lane_for;
 pub use files::MAX_PLUGIN_BYTES;
+pub use filter::{Filter, FilterError, RecordView};
 pub use fleet_versions::{Action, CanaryPlan, Change, FleetVersions};
 pub use ids::{PartitionKey, PluginDigest, ShardId, StreamName, SubscriptionName};
 pub use key_slice::KeySlice;

@@ -235,6 +235,8 @@ struct Reading {
     reads_empty: crate::telemetry::Counter,
     /// Records handed out (each KPL user record counts).
     records: crate::telemetry::Counter,
+    /// Records the subscription's filter kept out (settled at once).
+    filtered: crate::telemetry::Counter,
 }
 
 /// What de-aggregation found on a shard, counted (see [`crate::kpl`]).
@@ -315,6 +317,11 @@ impl Reading {
                 ctx.status.count_records(shard, records.clone());
                 records
             },
+            filtered: ctx.telemetry.counter(
+                "shardlane_records_filtered_total",
+                "Records that matched none of the subscription's filter patterns: settled without a handler call.",
+                &[("subscription", sub)],
+            ),
         }
     }
 }
@@ -691,12 +698,22 @@ impl ShardReader {
         if !self.send_settlement(track).await {
             return false;
         }
+        let mut filtered = Vec::new();
         for (record, position) in records {
             let ticket = Ticket {
                 shard: self.shard.clone(),
                 session: self.session,
                 offset: self.next_offset,
             };
+            if !self.admits(&record) {
+                // Settled without a call: tracked above, settled below
+                // (before anything this session reports later, `Close`
+                // included, so a drain counts it as settled).
+                filtered.push(ticket);
+                self.next_offset += 1;
+                self.position = ReadFrom::After(position);
+                continue;
+            }
             let delivery = Delivery {
                 record: Arc::new(record),
                 ticket,
@@ -704,12 +721,42 @@ impl ShardReader {
             if !self.deliver(delivery).await {
                 // Not sent: `next_offset` (what `Close` reports as handed
                 // out) stays below it, so the drain does not wait for it.
+                self.settle_filtered(filtered, reading).await;
                 return false;
             }
             self.next_offset += 1;
             self.position = ReadFrom::After(position);
         }
-        true
+        self.settle_filtered(filtered, reading).await
+    }
+
+    /// Whether the subscription's filter lets `record` in.
+    fn admits(&self, record: &crate::channel::Record) -> bool {
+        self.ctx.subscription.filter.as_ref().is_none_or(|filter| {
+            filter.admits(&crate::filter::RecordView {
+                partition_key: record.partition_key.as_str(),
+                sequence_number: record.sequence.as_str(),
+                approximate_arrival_ms: record.arrival_ms,
+                data: &record.data,
+            })
+        })
+    }
+
+    /// Settles the records the filter kept out, and counts them. False when
+    /// settlement is gone.
+    async fn settle_filtered(&mut self, filtered: Vec<Ticket>, reading: &Reading) -> bool {
+        if filtered.is_empty() {
+            return true;
+        }
+        reading.filtered.add(filtered.len() as u64);
+        // Not cancellable, as `Close` (which counts these as handed out):
+        // settlement always drains its queue, and a drain must not wait
+        // for records nobody will settle.
+        self.ctx
+            .settlement
+            .send(SettlementMsg::SettleMany(filtered))
+            .await
+            .is_ok()
     }
 
     /// Puts one delivery into the channel while the lease is valid: a send

@@ -26,6 +26,7 @@ mod failures;
 mod fan_out;
 mod faults;
 mod files;
+mod filters;
 mod fleet;
 mod hostile;
 mod import_kcl;

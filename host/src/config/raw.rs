@@ -222,6 +222,8 @@ pub(super) struct RawSubscription {
     pub(super) config: Option<toml::Table>,
     /// Contract 0.2.0: per-key state, committed with the checkpoint (ordered dispatch only).
     pub(super) state: Option<RawState>,
+    /// Lambda-style event filter: up to five patterns (JSON strings); a record matching none settles without a call.
+    pub(super) filter: Option<Vec<String>>,
 }
 
 /// Per-key state limits.

@@ -15,6 +15,7 @@ use super::super::{
 };
 use super::Validator;
 use crate::config::StateConfig;
+use crate::filter::Filter;
 use crate::ids::{StreamName, SubscriptionName};
 use crate::key_slice::KeySlice;
 use crate::parked::ParkLimits;
@@ -66,7 +67,14 @@ impl Subscription<'_, '_> {
             ));
         }
         let canary = self.canary(sub.canary.as_ref())?;
+        let filter = match sub.filter.as_deref() {
+            None | Some([]) => None,
+            Some(patterns) => Some(Arc::new(
+                Filter::parse(patterns).map_err(|e| self.invalid("filter", e.to_string()))?,
+            )),
+        };
         Ok(SubscriptionConfig {
+            filter,
             canary,
             failure,
             sandbox,

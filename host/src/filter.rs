@@ -1,0 +1,748 @@
+//! Event filters: Lambda's `FilterCriteria` for Kinesis, evaluated by the
+//! host before anything else sees a record.
+//!
+//! A subscription's `filter` is a list of up to five patterns, each a JSON
+//! string in the syntax of Lambda's event filtering (EventBridge's event
+//! patterns). A record is delivered when it matches **any** pattern; one
+//! that matches none is settled at once by its reader (the checkpoint
+//! passes it), counted in `shardlane_records_filtered_total`, and never
+//! reaches the channel, a lane, the guest or a dead-letter stream.
+//!
+//! # What a pattern sees
+//! A record is the JSON object Lambda's Kinesis event carries, by Lambda's
+//! names: `partitionKey`, `sequenceNumber`, `approximateArrivalTimestamp`
+//! (seconds since the epoch, with milliseconds, as Lambda gives it),
+//! `kinesisSchemaVersion` (`"1.0"`), and `data` — the record's bytes parsed
+//! as JSON when they are JSON. A pattern with any rule under `data` does
+//! not match a record whose data is not JSON (Lambda drops those too).
+//!
+//! # The rules (Lambda's, case by case in the tests)
+//! - A pattern is an object; its keys are fields, all of which must match
+//!   (and). A key's value is an object (a nested field) or a non-empty
+//!   array of matchers, any of which may match (or). `"$or": [p, q, …]`
+//!   beside the fields matches when any of its alternatives does.
+//! - Matchers: a JSON value — a string, number, `true`/`false` or `null` —
+//!   matches that exact value (numbers by value: `5` matches `5.0`; a
+//!   number never matches a string, so `"5"` does not match `5`);
+//!   `{"prefix": s}`, `{"suffix": s}` (each also with
+//!   `{"equals-ignore-case": s}` inside); `{"equals-ignore-case": s}`;
+//!   `{"wildcard": s}` (`*` any run of characters, `\*` a star, `\\` a
+//!   backslash; `**` is refused); `{"numeric": [op, n]}` or `[op, n, op,
+//!   m]` with `<`, `<=`, `=`, `>`, `>=` (a range: a lower bound then an
+//!   upper one), numbers only; `{"exists": true|false}`; `{"anything-but":
+//!   v}` with a value, a list of strings or of numbers, or `{"prefix": s}`,
+//!   `{"suffix": s}`, `{"equals-ignore-case": s | [s…]}`, `{"wildcard": s
+//!   | [s…]}`.
+//! - A field that is missing matches only `{"exists": false}`;
+//!   `anything-but` never matches a missing field. `exists: true` matches a
+//!   field holding a value that is not an object (null included).
+//! - A field holding an array matches when any of its elements does;
+//!   nested fields are looked up through arrays of objects the same way.
+//! - String matchers match strings only; `numeric` and number values match
+//!   numbers only. Case-insensitive comparison lower-cases both sides.
+//!
+//! # Limits and errors
+//! At most five patterns of at most 4096 bytes each, nested at most 32
+//! deep (Lambda's limits: five filters, 4096-character patterns). A pattern
+//! that breaks a rule is refused at start-up (and by `shardlane validate`)
+//! with one line naming the pattern by its place in the list and the fault.
+//!
+//! # Why by hand
+//! No well-kept Rust crate implements these patterns: the crates.io ports
+//! of EventBridge's matchers (`quamina` 0.7, `event-ruler` 0.1) are early
+//! and their operator coverage is not documented against Lambda's. The
+//! matcher here is a direct reading of the rules above, a tree walk per
+//! pattern (patterns are small and few; a record is parsed once), checked
+//! by a table of cases taken from Lambda's and EventBridge's documentation.
+//!
+//! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
+//! docs): imports only its own floor and those below.
+
+use std::borrow::Cow;
+
+use serde_json::Value;
+
+/// Lambda's limits.
+const MAX_PATTERNS: usize = 5;
+const MAX_PATTERN_BYTES: usize = 4096;
+const MAX_DEPTH: usize = 32;
+
+/// A subscription's filter: the patterns, any of which lets a record in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Filter {
+    patterns: Vec<Object>,
+    /// What of `data` some pattern looks at (`None`: nothing, so it is
+    /// never parsed).
+    data_shape: Option<Shape>,
+}
+
+/// The fields some pattern names, as a tree: `data` is parsed keeping only
+/// these (everything else is skipped by the parser without being built),
+/// which makes a record's parse cost what the patterns look at.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Shape {
+    fields: std::collections::BTreeMap<String, Shape>,
+}
+
+/// Why a pattern is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FilterError {
+    /// More patterns than Lambda allows.
+    #[error("{0} patterns: at most {MAX_PATTERNS}")]
+    TooMany(usize),
+    /// One pattern is wrong.
+    #[error("pattern {index}: {fault}")]
+    Pattern {
+        /// Its place in the list, from 1.
+        index: usize,
+        /// What is wrong, naming the field.
+        fault: String,
+    },
+}
+
+/// One level of a pattern: fields that must all match, and `$or` groups
+/// of which one alternative must.
+#[derive(Debug, Clone, PartialEq)]
+struct Object {
+    fields: Vec<(String, Field)>,
+    ors: Vec<Vec<Object>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Field {
+    Nested(Object),
+    Leaf(Vec<Matcher>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Matcher {
+    Exact(Value),
+    Prefix(String, Case),
+    Suffix(String, Case),
+    EqualsIgnoreCase(String),
+    Wildcard(Wildcard),
+    Numeric(Vec<(Op, f64)>),
+    Exists(bool),
+    AnythingBut(AnythingBut),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Case {
+    Exact,
+    Ignore,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Op {
+    Lt,
+    Le,
+    Eq,
+    Gt,
+    Ge,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum AnythingBut {
+    Values(Vec<Value>),
+    Prefix(String),
+    Suffix(String),
+    IgnoreCase(Vec<String>),
+    Wildcard(Vec<Wildcard>),
+}
+
+/// A wildcard pattern as literal pieces between stars.
+#[derive(Debug, Clone, PartialEq)]
+struct Wildcard {
+    pieces: Vec<String>,
+}
+
+impl Filter {
+    /// Parses `patterns` (JSON strings).
+    ///
+    /// # Errors
+    /// [`FilterError`] naming the first pattern that breaks a rule.
+    pub fn parse<S: AsRef<str>>(patterns: &[S]) -> Result<Self, FilterError> {
+        if patterns.len() > MAX_PATTERNS {
+            return Err(FilterError::TooMany(patterns.len()));
+        }
+        let mut parsed = Vec::with_capacity(patterns.len());
+        for (i, text) in patterns.iter().enumerate() {
+            let fault = |fault: String| FilterError::Pattern {
+                index: i + 1,
+                fault,
+            };
+            let text = text.as_ref();
+            if text.len() > MAX_PATTERN_BYTES {
+                return Err(fault(format!(
+                    "{} bytes: at most {MAX_PATTERN_BYTES}",
+                    text.len()
+                )));
+            }
+            let value: Value =
+                serde_json::from_str(text).map_err(|e| fault(format!("not JSON: {e}")))?;
+            parsed.push(object(&value, "", 0).map_err(fault)?);
+        }
+        let mut top = Shape::default();
+        for pattern in &parsed {
+            top.add(pattern);
+        }
+        Ok(Self {
+            patterns: parsed,
+            data_shape: top.fields.remove("data"),
+        })
+    }
+
+    /// Whether the record lets in: `data` is parsed only when some pattern
+    /// looks at it.
+    pub fn admits(&self, record: &RecordView<'_>) -> bool {
+        if self.patterns.is_empty() {
+            return true;
+        }
+        let data = self.data_shape.as_ref().and_then(|shape| {
+            let mut json = serde_json::Deserializer::from_slice(record.data);
+            let value = serde::de::DeserializeSeed::deserialize(Pick(shape), &mut json).ok()?;
+            json.end().ok()?;
+            Some(value)
+        });
+        let event = Event { record, data };
+        self.patterns.iter().any(|p| event.matches(p))
+    }
+}
+
+/// What a filter looks at in a record.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordView<'a> {
+    /// The partition key.
+    pub partition_key: &'a str,
+    /// The sequence number.
+    pub sequence_number: &'a str,
+    /// When Kinesis took it, in milliseconds since the epoch.
+    pub approximate_arrival_ms: u64,
+    /// Its bytes.
+    pub data: &'a [u8],
+}
+
+struct Event<'a> {
+    record: &'a RecordView<'a>,
+    /// `data` parsed, when it is JSON and some pattern reads it.
+    data: Option<Value>,
+}
+
+impl Event<'_> {
+    fn matches(&self, pattern: &Object) -> bool {
+        if pattern.names("data") && self.data.is_none() {
+            return false;
+        }
+        let fields = pattern.fields.iter().all(|(name, field)| {
+            let value = self.top(name);
+            matches_field(value.as_deref(), field)
+        });
+        fields
+            && pattern
+                .ors
+                .iter()
+                .all(|alts| alts.iter().any(|alt| self.matches(alt)))
+    }
+
+    /// A top-level field, by Lambda's names.
+    fn top(&self, name: &str) -> Option<Cow<'_, Value>> {
+        let r = self.record;
+        Some(match name {
+            "partitionKey" => Cow::Owned(Value::from(r.partition_key)),
+            "sequenceNumber" => Cow::Owned(Value::from(r.sequence_number)),
+            #[allow(clippy::cast_precision_loss)]
+            "approximateArrivalTimestamp" => {
+                Cow::Owned(Value::from(r.approximate_arrival_ms as f64 / 1000.0))
+            }
+            "kinesisSchemaVersion" => Cow::Owned(Value::from("1.0")),
+            "data" => Cow::Borrowed(self.data.as_ref()?),
+            _ => return None,
+        })
+    }
+}
+
+impl Shape {
+    /// Adds what `object` names at this level (its `$or` alternatives too).
+    fn add(&mut self, object: &Object) {
+        for (name, field) in &object.fields {
+            let sub = self.fields.entry(name.clone()).or_default();
+            if let Field::Nested(nested) = field {
+                sub.add(nested);
+            }
+        }
+        for alt in object.ors.iter().flatten() {
+            self.add(alt);
+        }
+    }
+}
+
+/// Parses a JSON value keeping, in objects, only the fields of a [`Shape`]
+/// (at any depth, through arrays); the rest is skipped unbuilt.
+struct Pick<'a>(&'a Shape);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Pick<'_> {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Pick<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(Pick(self.0))? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut kept = serde_json::Map::new();
+        while let Some(wanted) = map.next_key_seed(Wanted(self.0))? {
+            match wanted {
+                Some((name, shape)) => {
+                    let value = map.next_value_seed(Pick(shape))?;
+                    kept.insert(name.to_owned(), value);
+                }
+                None => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Value::Object(kept))
+    }
+}
+
+/// An object's key, looked up in a shape without being allocated.
+struct Wanted<'a>(&'a Shape);
+
+impl<'de, 'a> serde::de::DeserializeSeed<'de> for Wanted<'a> {
+    type Value = Option<(&'a str, &'a Shape)>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'a> serde::de::Visitor<'_> for Wanted<'a> {
+    type Value = Option<(&'a str, &'a Shape)>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(self.0.fields.get_key_value(v).map(|(k, s)| (k.as_str(), s)))
+    }
+}
+
+impl Object {
+    /// Whether this level (or an `$or` alternative) names `field`.
+    fn names(&self, field: &str) -> bool {
+        self.fields.iter().any(|(n, _)| n == field)
+            || self.ors.iter().flatten().any(|alt| alt.names(field))
+    }
+}
+
+fn matches_field(value: Option<&Value>, field: &Field) -> bool {
+    match field {
+        Field::Leaf(matchers) => matchers.iter().any(|m| matches_leaf(value, m)),
+        Field::Nested(object) => match value {
+            Some(Value::Object(map)) => matches_object(map, object),
+            Some(Value::Array(items)) => items.iter().any(|item| matches_field(Some(item), field)),
+            // A missing (or non-object) parent: only `exists: false` rules
+            // below it can match.
+            _ => matches_missing(object),
+        },
+    }
+}
+
+fn matches_object(map: &serde_json::Map<String, Value>, object: &Object) -> bool {
+    object
+        .fields
+        .iter()
+        .all(|(name, field)| matches_field(map.get(name), field))
+        && object
+            .ors
+            .iter()
+            .all(|alts| alts.iter().any(|alt| matches_object(map, alt)))
+}
+
+fn matches_missing(object: &Object) -> bool {
+    object
+        .fields
+        .iter()
+        .all(|(_, field)| matches_field(None, field))
+        && object
+            .ors
+            .iter()
+            .all(|alts| alts.iter().any(matches_missing))
+}
+
+fn matches_leaf(value: Option<&Value>, matcher: &Matcher) -> bool {
+    match (matcher, value) {
+        (Matcher::Exists(wanted), v) => *wanted == exists(v),
+        (_, None) => false,
+        (_, Some(Value::Array(items))) => items.iter().any(|i| matches_one(i, matcher)),
+        (_, Some(v)) => matches_one(v, matcher),
+    }
+}
+
+fn exists(value: Option<&Value>) -> bool {
+    match value {
+        None | Some(Value::Object(_)) => false,
+        Some(Value::Array(items)) => !items.is_empty(),
+        Some(_) => true,
+    }
+}
+
+/// One value (not an array) against one matcher.
+fn matches_one(value: &Value, matcher: &Matcher) -> bool {
+    match matcher {
+        Matcher::Exact(wanted) => same(value, wanted),
+        Matcher::Prefix(p, case) => text(value).is_some_and(|s| case.fold(s).starts_with(p)),
+        Matcher::Suffix(p, case) => text(value).is_some_and(|s| case.fold(s).ends_with(p)),
+        Matcher::EqualsIgnoreCase(w) => text(value).is_some_and(|s| s.to_lowercase() == *w),
+        Matcher::Wildcard(w) => text(value).is_some_and(|s| w.matches(s)),
+        Matcher::Numeric(bounds) => value
+            .as_f64()
+            .is_some_and(|n| bounds.iter().all(|(op, b)| op.holds(n, *b))),
+        Matcher::Exists(_) => unreachable!("exists is decided before"),
+        Matcher::AnythingBut(but) => !but.excludes(value),
+    }
+}
+
+fn text(value: &Value) -> Option<&str> {
+    value.as_str()
+}
+
+/// Exact equality, numbers by value.
+fn same(value: &Value, wanted: &Value) -> bool {
+    match (value, wanted) {
+        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        (a, b) => a == b,
+    }
+}
+
+impl Case {
+    fn fold(self, s: &str) -> std::borrow::Cow<'_, str> {
+        match self {
+            Self::Exact => s.into(),
+            Self::Ignore => s.to_lowercase().into(),
+        }
+    }
+}
+
+impl Op {
+    fn holds(self, n: f64, bound: f64) -> bool {
+        match self {
+            Self::Lt => n < bound,
+            Self::Le => n <= bound,
+            #[allow(clippy::float_cmp)]
+            Self::Eq => n == bound,
+            Self::Gt => n > bound,
+            Self::Ge => n >= bound,
+        }
+    }
+}
+
+impl AnythingBut {
+    /// Whether `value` is one of what is excluded.
+    fn excludes(&self, value: &Value) -> bool {
+        match self {
+            Self::Values(values) => values.iter().any(|v| same(value, v)),
+            Self::Prefix(p) => text(value).is_some_and(|s| s.starts_with(p.as_str())),
+            Self::Suffix(p) => text(value).is_some_and(|s| s.ends_with(p.as_str())),
+            Self::IgnoreCase(values) => {
+                text(value).is_some_and(|s| values.contains(&s.to_lowercase()))
+            }
+            Self::Wildcard(patterns) => {
+                text(value).is_some_and(|s| patterns.iter().any(|w| w.matches(s)))
+            }
+        }
+    }
+}
+
+impl Wildcard {
+    fn parse(pattern: &str) -> Result<Self, String> {
+        let mut pieces = vec![String::new()];
+        let mut chars = pattern.chars();
+        let mut last_star = false;
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some(e @ ('*' | '\\')) => {
+                        pieces.last_mut().unwrap_or_else(|| unreachable!()).push(e);
+                    }
+                    _ => {
+                        return Err(format!(
+                            "wildcard {pattern:?}: `\\` escapes only `*` or `\\`"
+                        ));
+                    }
+                },
+                '*' if last_star => {
+                    return Err(format!(
+                        "wildcard {pattern:?}: consecutive `*` are not allowed"
+                    ));
+                }
+                '*' => pieces.push(String::new()),
+                c => pieces.last_mut().unwrap_or_else(|| unreachable!()).push(c),
+            }
+            last_star = c == '*';
+        }
+        Ok(Self { pieces })
+    }
+
+    /// Whether `s` is the pieces with anything between them.
+    fn matches(&self, s: &str) -> bool {
+        let [first, middle @ .., last] = self.pieces.as_slice() else {
+            // One piece: no star.
+            return self.pieces.first().is_some_and(|p| p == s);
+        };
+        let Some(mut rest) = s.strip_prefix(first.as_str()) else {
+            return false;
+        };
+        for piece in middle {
+            match rest.find(piece.as_str()) {
+                Some(at) => rest = &rest[at + piece.len()..],
+                None => return false,
+            }
+        }
+        rest.len() >= last.len() && rest.ends_with(last.as_str())
+    }
+}
+
+// ---- parsing ----
+
+fn object(value: &Value, at: &str, depth: usize) -> Result<Object, String> {
+    let Value::Object(map) = value else {
+        return Err(format!("{}: must be a JSON object", place(at)));
+    };
+    if depth > MAX_DEPTH {
+        return Err(format!("{}: nested deeper than {MAX_DEPTH}", place(at)));
+    }
+    if map.is_empty() {
+        return Err(format!("{}: an empty object matches nothing", place(at)));
+    }
+    let mut out = Object {
+        fields: Vec::new(),
+        ors: Vec::new(),
+    };
+    for (name, sub) in map {
+        let path = if at.is_empty() {
+            name.clone()
+        } else {
+            format!("{at}.{name}")
+        };
+        if name == "$or" {
+            out.ors.push(alternatives(sub, at, depth)?);
+            continue;
+        }
+        let field = match sub {
+            Value::Object(_) => Field::Nested(object(sub, &path, depth + 1)?),
+            Value::Array(items) if !items.is_empty() => Field::Leaf(
+                items
+                    .iter()
+                    .map(|m| matcher(m, &path))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Value::Array(_) => return Err(format!("{path}: an empty list matches nothing")),
+            _ => {
+                return Err(format!(
+                    "{path}: must be a list of matchers (e.g. [\"value\"]) or an object"
+                ));
+            }
+        };
+        out.fields.push((name.clone(), field));
+    }
+    Ok(out)
+}
+
+fn alternatives(value: &Value, at: &str, depth: usize) -> Result<Vec<Object>, String> {
+    match value {
+        Value::Array(items) if items.len() >= 2 => items
+            .iter()
+            .map(|item| object(item, at, depth + 1))
+            .collect(),
+        _ => Err(format!(
+            "{}: \"$or\" takes a list of two or more patterns",
+            place(at)
+        )),
+    }
+}
+
+fn place(at: &str) -> String {
+    if at.is_empty() {
+        "the pattern".to_owned()
+    } else {
+        at.to_owned()
+    }
+}
+
+fn matcher(value: &Value, path: &str) -> Result<Matcher, String> {
+    let Value::Object(map) = value else {
+        return match value {
+            Value::Array(_) => Err(format!("{path}: a list inside a list of matchers")),
+            v => Ok(Matcher::Exact(v.clone())),
+        };
+    };
+    let mut entries = map.iter();
+    let (Some((op, arg)), None) = (entries.next(), entries.next()) else {
+        return Err(format!("{path}: a matcher object has exactly one operator"));
+    };
+    let bad = |what: &str| format!("{path}: \"{op}\" takes {what}");
+    Ok(match op.as_str() {
+        "prefix" => string_or_ignore_case(arg)
+            .map(|(s, c)| Matcher::Prefix(s, c))
+            .ok_or_else(|| bad("a string or {\"equals-ignore-case\": string}"))?,
+        "suffix" => string_or_ignore_case(arg)
+            .map(|(s, c)| Matcher::Suffix(s, c))
+            .ok_or_else(|| bad("a string or {\"equals-ignore-case\": string}"))?,
+        "equals-ignore-case" => {
+            Matcher::EqualsIgnoreCase(arg.as_str().ok_or_else(|| bad("a string"))?.to_lowercase())
+        }
+        "wildcard" => Matcher::Wildcard(
+            Wildcard::parse(arg.as_str().ok_or_else(|| bad("a string"))?)
+                .map_err(|e| format!("{path}: {e}"))?,
+        ),
+        "numeric" => Matcher::Numeric(numeric(arg).map_err(|e| format!("{path}: numeric {e}"))?),
+        "exists" => Matcher::Exists(arg.as_bool().ok_or_else(|| bad("true or false"))?),
+        "anything-but" => Matcher::AnythingBut(
+            anything_but(arg).map_err(|e| format!("{path}: anything-but {e}"))?,
+        ),
+        other => {
+            return Err(format!(
+                "{path}: unknown operator \"{other}\" (prefix, suffix, equals-ignore-case, wildcard, numeric, exists, anything-but)"
+            ));
+        }
+    })
+}
+
+fn string_or_ignore_case(arg: &Value) -> Option<(String, Case)> {
+    match arg {
+        Value::String(s) => Some((s.clone(), Case::Exact)),
+        Value::Object(m) if m.len() == 1 => m
+            .get("equals-ignore-case")
+            .and_then(Value::as_str)
+            .map(|s| (s.to_lowercase(), Case::Ignore)),
+        _ => None,
+    }
+}
+
+fn numeric(arg: &Value) -> Result<Vec<(Op, f64)>, String> {
+    let items = arg
+        .as_array()
+        .ok_or("takes a list such as [\">\", 0, \"<=\", 5]")?;
+    if items.is_empty() || items.len() > 4 || items.len() % 2 != 0 {
+        return Err(
+            "takes one or two comparisons: [op, number] or [op, number, op, number]".into(),
+        );
+    }
+    let mut bounds = Vec::new();
+    for pair in items.chunks(2) {
+        let op = match pair[0].as_str() {
+            Some("<") => Op::Lt,
+            Some("<=") => Op::Le,
+            Some("=") => Op::Eq,
+            Some(">") => Op::Gt,
+            Some(">=") => Op::Ge,
+            _ => return Err(format!("{}: not one of <, <=, =, >, >=", pair[0])),
+        };
+        let n = pair[1]
+            .as_f64()
+            .ok_or_else(|| format!("{}: not a number", pair[1]))?;
+        bounds.push((op, n));
+    }
+    if let [(lo, a), (hi, b)] = bounds.as_slice() {
+        let lower = matches!(lo, Op::Gt | Op::Ge);
+        let upper = matches!(hi, Op::Lt | Op::Le);
+        if !lower || !upper || a > b {
+            return Err(
+                "a range is a lower bound (> or >=) then a higher upper bound (< or <=)".into(),
+            );
+        }
+    }
+    Ok(bounds)
+}
+
+fn anything_but(arg: &Value) -> Result<AnythingBut, String> {
+    let strings = |v: &Value| -> Option<Vec<String>> {
+        match v {
+            Value::String(s) => Some(vec![s.clone()]),
+            Value::Array(items) if !items.is_empty() => items
+                .iter()
+                .map(|i| i.as_str().map(str::to_owned))
+                .collect(),
+            _ => None,
+        }
+    };
+    match arg {
+        Value::String(_) | Value::Number(_) => Ok(AnythingBut::Values(vec![arg.clone()])),
+        Value::Array(items) if !items.is_empty() => {
+            let all_strings = items.iter().all(Value::is_string);
+            let all_numbers = items.iter().all(Value::is_number);
+            if all_strings || all_numbers {
+                Ok(AnythingBut::Values(items.clone()))
+            } else {
+                Err("takes a list of strings or a list of numbers".into())
+            }
+        }
+        Value::Object(m) if m.len() == 1 => {
+            let (op, v) = m.iter().next().unwrap_or_else(|| unreachable!());
+            match (op.as_str(), v) {
+                ("prefix", Value::String(s)) => Ok(AnythingBut::Prefix(s.clone())),
+                ("suffix", Value::String(s)) => Ok(AnythingBut::Suffix(s.clone())),
+                ("equals-ignore-case", v) => strings(v)
+                    .map(|s| AnythingBut::IgnoreCase(s.iter().map(|s| s.to_lowercase()).collect()))
+                    .ok_or_else(|| "equals-ignore-case takes a string or a list of strings".into()),
+                ("wildcard", v) => strings(v)
+                    .ok_or_else(|| "wildcard takes a string or a list of strings".to_owned())?
+                    .iter()
+                    .map(|s| Wildcard::parse(s))
+                    .collect::<Result<_, _>>()
+                    .map(AnythingBut::Wildcard),
+                (op, _) => Err(format!(
+                    "cannot take \"{op}\" (prefix, suffix, equals-ignore-case, wildcard)"
+                )),
+            }
+        }
+        _ => Err(
+            "takes a value, a list of values, or {prefix|suffix|equals-ignore-case|wildcard: …}"
+                .into(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;
