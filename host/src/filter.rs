@@ -70,10 +70,18 @@ const MAX_DEPTH: usize = 32;
 /// A subscription's filter: the patterns, any of which lets a record in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Filter {
-    patterns: Vec<Object>,
+    patterns: Vec<Pattern>,
     /// What of `data` some pattern looks at (`None`: nothing, so it is
     /// never parsed).
     data_shape: Option<Shape>,
+}
+
+/// One pattern, and whether it has a rule on `data` (such a pattern never
+/// matches a record whose data is not JSON), decided once at parse.
+#[derive(Debug, Clone, PartialEq)]
+struct Pattern {
+    object: Object,
+    reads_data: bool,
 }
 
 /// The fields some pattern names, as a tree: `data` is parsed keeping only
@@ -187,7 +195,13 @@ impl Filter {
             top.add(pattern);
         }
         Ok(Self {
-            patterns: parsed,
+            patterns: parsed
+                .into_iter()
+                .map(|object| Pattern {
+                    reads_data: object.names("data"),
+                    object,
+                })
+                .collect(),
             data_shape: top.fields.remove("data"),
         })
     }
@@ -204,8 +218,10 @@ impl Filter {
             json.end().ok()?;
             Some(value)
         });
-        let event = Event { record, data };
-        self.patterns.iter().any(|p| event.matches(p))
+        let field = |name: &str| top_field(record, data.as_ref(), name);
+        self.patterns
+            .iter()
+            .any(|p| (data.is_some() || !p.reads_data) && matches_object(&p.object, &field))
     }
 }
 
@@ -222,43 +238,24 @@ pub struct RecordView<'a> {
     pub data: &'a [u8],
 }
 
-struct Event<'a> {
-    record: &'a RecordView<'a>,
-    /// `data` parsed, when it is JSON and some pattern reads it.
-    data: Option<Value>,
-}
-
-impl Event<'_> {
-    fn matches(&self, pattern: &Object) -> bool {
-        if pattern.names("data") && self.data.is_none() {
-            return false;
+/// A record's top-level field, by Lambda's names; `data` is the record's
+/// data as parsed (when it is JSON and some pattern reads it).
+fn top_field<'v>(
+    record: &RecordView<'_>,
+    data: Option<&'v Value>,
+    name: &str,
+) -> Option<Cow<'v, Value>> {
+    Some(match name {
+        "partitionKey" => Cow::Owned(Value::from(record.partition_key)),
+        "sequenceNumber" => Cow::Owned(Value::from(record.sequence_number)),
+        #[allow(clippy::cast_precision_loss)]
+        "approximateArrivalTimestamp" => {
+            Cow::Owned(Value::from(record.approximate_arrival_ms as f64 / 1000.0))
         }
-        let fields = pattern.fields.iter().all(|(name, field)| {
-            let value = self.top(name);
-            matches_field(value.as_deref(), field)
-        });
-        fields
-            && pattern
-                .ors
-                .iter()
-                .all(|alts| alts.iter().any(|alt| self.matches(alt)))
-    }
-
-    /// A top-level field, by Lambda's names.
-    fn top(&self, name: &str) -> Option<Cow<'_, Value>> {
-        let r = self.record;
-        Some(match name {
-            "partitionKey" => Cow::Owned(Value::from(r.partition_key)),
-            "sequenceNumber" => Cow::Owned(Value::from(r.sequence_number)),
-            #[allow(clippy::cast_precision_loss)]
-            "approximateArrivalTimestamp" => {
-                Cow::Owned(Value::from(r.approximate_arrival_ms as f64 / 1000.0))
-            }
-            "kinesisSchemaVersion" => Cow::Owned(Value::from("1.0")),
-            "data" => Cow::Borrowed(self.data.as_ref()?),
-            _ => return None,
-        })
-    }
+        "kinesisSchemaVersion" => Cow::Owned(Value::from("1.0")),
+        "data" => Cow::Borrowed(data?),
+        _ => return None,
+    })
 }
 
 impl Shape {
@@ -379,35 +376,31 @@ fn matches_field(value: Option<&Value>, field: &Field) -> bool {
     match field {
         Field::Leaf(matchers) => matchers.iter().any(|m| matches_leaf(value, m)),
         Field::Nested(object) => match value {
-            Some(Value::Object(map)) => matches_object(map, object),
+            Some(Value::Object(map)) => {
+                matches_object(object, &|name: &str| map.get(name).map(Cow::Borrowed))
+            }
             Some(Value::Array(items)) => items.iter().any(|item| matches_field(Some(item), field)),
             // A missing (or non-object) parent: only `exists: false` rules
             // below it can match.
-            _ => matches_missing(object),
+            _ => matches_object(object, &|_: &str| None),
         },
     }
 }
 
-fn matches_object(map: &serde_json::Map<String, Value>, object: &Object) -> bool {
+/// Whether `object` matches where `field` finds each field's value
+/// (`None`: missing): its fields all, and one alternative of each `$or`.
+fn matches_object<'v, F>(object: &Object, field: &F) -> bool
+where
+    F: Fn(&str) -> Option<Cow<'v, Value>>,
+{
     object
         .fields
         .iter()
-        .all(|(name, field)| matches_field(map.get(name), field))
+        .all(|(name, rule)| matches_field(field(name).as_deref(), rule))
         && object
             .ors
             .iter()
-            .all(|alts| alts.iter().any(|alt| matches_object(map, alt)))
-}
-
-fn matches_missing(object: &Object) -> bool {
-    object
-        .fields
-        .iter()
-        .all(|(_, field)| matches_field(None, field))
-        && object
-            .ors
-            .iter()
-            .all(|alts| alts.iter().any(matches_missing))
+            .all(|alts| alts.iter().any(|alt| matches_object(alt, field)))
 }
 
 fn matches_leaf(value: Option<&Value>, matcher: &Matcher) -> bool {
@@ -431,20 +424,16 @@ fn exists(value: Option<&Value>) -> bool {
 fn matches_one(value: &Value, matcher: &Matcher) -> bool {
     match matcher {
         Matcher::Exact(wanted) => same(value, wanted),
-        Matcher::Prefix(p, case) => text(value).is_some_and(|s| case.fold(s).starts_with(p)),
-        Matcher::Suffix(p, case) => text(value).is_some_and(|s| case.fold(s).ends_with(p)),
-        Matcher::EqualsIgnoreCase(w) => text(value).is_some_and(|s| s.to_lowercase() == *w),
-        Matcher::Wildcard(w) => text(value).is_some_and(|s| w.matches(s)),
+        Matcher::Prefix(p, case) => value.as_str().is_some_and(|s| case.fold(s).starts_with(p)),
+        Matcher::Suffix(p, case) => value.as_str().is_some_and(|s| case.fold(s).ends_with(p)),
+        Matcher::EqualsIgnoreCase(w) => value.as_str().is_some_and(|s| s.to_lowercase() == *w),
+        Matcher::Wildcard(w) => value.as_str().is_some_and(|s| w.matches(s)),
         Matcher::Numeric(bounds) => value
             .as_f64()
             .is_some_and(|n| bounds.iter().all(|(op, b)| op.holds(n, *b))),
         Matcher::Exists(_) => unreachable!("exists is decided before"),
         Matcher::AnythingBut(but) => !but.excludes(value),
     }
-}
-
-fn text(value: &Value) -> Option<&str> {
-    value.as_str()
 }
 
 /// Exact equality, numbers by value.
@@ -482,14 +471,14 @@ impl AnythingBut {
     fn excludes(&self, value: &Value) -> bool {
         match self {
             Self::Values(values) => values.iter().any(|v| same(value, v)),
-            Self::Prefix(p) => text(value).is_some_and(|s| s.starts_with(p.as_str())),
-            Self::Suffix(p) => text(value).is_some_and(|s| s.ends_with(p.as_str())),
-            Self::IgnoreCase(values) => {
-                text(value).is_some_and(|s| values.contains(&s.to_lowercase()))
-            }
-            Self::Wildcard(patterns) => {
-                text(value).is_some_and(|s| patterns.iter().any(|w| w.matches(s)))
-            }
+            Self::Prefix(p) => value.as_str().is_some_and(|s| s.starts_with(p.as_str())),
+            Self::Suffix(p) => value.as_str().is_some_and(|s| s.ends_with(p.as_str())),
+            Self::IgnoreCase(values) => value
+                .as_str()
+                .is_some_and(|s| values.contains(&s.to_lowercase())),
+            Self::Wildcard(patterns) => value
+                .as_str()
+                .is_some_and(|s| patterns.iter().any(|w| w.matches(s))),
         }
     }
 }
