@@ -282,15 +282,11 @@ fn every_example_config_fits_the_schema_and_a_wrong_one_does_not() {
 /// by its help text, in a source file that is not a test.
 fn registered_metrics() -> BTreeSet<String> {
     let mut files = Vec::new();
-    sources(&root().join("host/src"), &mut files);
+    crate::layers::sources(&root().join("host/src"), &mut files);
     let mut names = BTreeSet::new();
-    for file in files {
-        let text = read(&file);
-        // A module's own inline tests sit at its end.
-        let text = text
-            .split("#[cfg(test)]\nmod tests {")
-            .next()
-            .unwrap_or_default();
+    for file in files.iter().filter(|f| !f.ends_with("book.rs")) {
+        // Without comments and `#[cfg(test)]` items, as the layer check reads it.
+        let text = crate::layers::code(&read(file));
         for (i, _) in text.match_indices("\"shardlane_") {
             let rest = &text[i + 1..];
             let end = rest.find('"').unwrap();
@@ -301,20 +297,6 @@ fn registered_metrics() -> BTreeSet<String> {
         }
     }
     names
-}
-
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if path.is_dir() {
-            if name != "tests" {
-                sources(&path, out);
-            }
-        } else if name.ends_with(".rs") && name != "tests.rs" && name != "book.rs" {
-            out.push(path);
-        }
-    }
 }
 
 #[test]

@@ -50,7 +50,7 @@ fn floors(lib: &str) -> Vec<BTreeSet<String>> {
 }
 
 /// Every `.rs` file under `dir`, but test files.
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+pub(crate) fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
@@ -66,7 +66,7 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// `text` without full-line comments and `#[cfg(test)]` items.
-fn code(text: &str) -> String {
+pub(crate) fn code(text: &str) -> String {
     let text: String = text
         .lines()
         .filter(|l| !l.trim_start().starts_with("//"))
@@ -85,25 +85,69 @@ fn code(text: &str) -> String {
             rest = &rest[(semi + 1).min(rest.len())..];
             continue;
         }
-        let mut depth = 0usize;
-        let mut end = rest.len();
-        for (i, c) in rest.char_indices().skip(brace) {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = i + 1;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        rest = &rest[end..];
+        rest = &rest[block_end(rest, brace)..];
     }
     out.push_str(rest);
     out
+}
+
+/// Where the block opening at byte `open` of `text` ends (just past its
+/// matching `}`; the text's end if it has none). Braces inside string and
+/// char literals (`"}"`, `r#"{"#`, `'{'`) do not count.
+fn block_end(text: &str, open: usize) -> usize {
+    let bytes = text.as_bytes();
+    let mut depth = 0usize;
+    let mut i = open;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            b'"' => i = string_end(bytes, i, 0),
+            b'r' if matches!(bytes.get(i + 1), Some(b'"' | b'#')) => {
+                let hashes = bytes[i + 1..].iter().take_while(|&&b| b == b'#').count();
+                if bytes.get(i + 1 + hashes) == Some(&b'"') {
+                    i = string_end(bytes, i + 1 + hashes, hashes);
+                }
+            }
+            // A char literal ('{', '\''), not a lifetime ('a).
+            b'\'' if bytes.get(i + 2) == Some(&b'\'') => i += 2,
+            b'\'' if bytes.get(i + 1) == Some(&b'\\') => {
+                let close = bytes
+                    .get(i + 3..)
+                    .and_then(|r| r.iter().position(|&b| b == b'\''));
+                i += close.map_or(0, |p| p + 3);
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    text.len()
+}
+
+/// The index of the `"` that closes the string opening at `open` (a raw
+/// string with `hashes` `#`s when `hashes > 0` or when it began `r"`).
+fn string_end(bytes: &[u8], open: usize, hashes: usize) -> usize {
+    let raw = hashes > 0 || (open > 0 && bytes[open - 1] == b'r');
+    let mut i = open + 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' if !raw => i += 1,
+            b'"' if bytes
+                .get(i + 1..=i + hashes)
+                .is_some_and(|h| h.iter().all(|&b| b == b'#')) =>
+            {
+                return i + hashes;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    bytes.len()
 }
 
 /// The top-level modules `code` names through `crate::` paths.
@@ -356,5 +400,25 @@ fn the_check_sees_upward_imports_circles_and_unlisted_modules() {
     assert_eq!(
         imports(&code(text)).into_iter().collect::<Vec<_>>(),
         ["a", "b", "c", "d"]
+    );
+}
+
+/// A test item ends at its own closing brace, whatever braces its string
+/// and char literals hold, so the code after it is still read.
+#[test]
+fn test_items_end_at_their_brace_not_at_one_in_a_literal() {
+    let text = "use crate::a::X;\n\
+                #[cfg(test)]\n\
+                mod tests {\n\
+                    fn f<'a>(s: &'a str) { let _ = (\"}\", '{', '\\'', '\\u{7b}', r#\"}\"#, r\"{\"); }\n\
+                    use crate::hidden::Y;\n\
+                }\n\
+                use crate::b::Z;\n";
+    let kept = code(text);
+    assert!(kept.contains("crate::b::Z"), "{kept}");
+    assert!(!kept.contains("crate::hidden"), "{kept}");
+    assert_eq!(
+        imports(&kept).into_iter().collect::<Vec<_>>(),
+        vec!["a".to_owned(), "b".to_owned()]
     );
 }
