@@ -89,13 +89,15 @@ pub(crate) enum ArtifactError {
         /// The store.
         location: String,
     },
-    /// The call did not finish within `[artifacts] transfer_timeout`.
-    #[error("{location}: no answer within {after:?} ([artifacts] transfer_timeout)")]
+    /// One of `[artifacts]`' deadlines ended the call, whichever fired
+    /// first: the client's connect or first-byte deadline, or the whole
+    /// call's.
+    #[error("{location}: no answer within {deadline}")]
     TimedOut {
         /// The store.
         location: String,
-        /// The deadline.
-        after: Duration,
+        /// The deadline that ended it.
+        deadline: Deadline,
     },
     /// The store could not be reached or failed.
     #[error("{location}: {cause}")]
@@ -106,6 +108,62 @@ pub(crate) enum ArtifactError {
         #[source]
         cause: Cause,
     },
+}
+
+/// The deadline that ended a call: its length and the `[artifacts]` key
+/// that sets it, shown as `10s ([artifacts] first_byte_timeout)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Deadline {
+    /// How long it was.
+    pub(crate) after: Duration,
+    /// The key (or keys, where the client does not say which fired).
+    pub(crate) key: &'static str,
+}
+
+impl Deadline {
+    /// `connect_timeout`.
+    fn connect(timeouts: ArtifactTimeouts) -> Self {
+        Self {
+            after: timeouts.connect,
+            key: "connect_timeout",
+        }
+    }
+
+    /// `first_byte_timeout`.
+    fn first_byte(timeouts: ArtifactTimeouts) -> Self {
+        Self {
+            after: timeouts.first_byte,
+            key: "first_byte_timeout",
+        }
+    }
+
+    /// Either of the client's own deadlines, when it does not say which
+    /// (the AWS SDK's connector); the longer one is shown.
+    fn connect_or_first_byte(timeouts: ArtifactTimeouts) -> Self {
+        Self {
+            after: timeouts.connect.max(timeouts.first_byte),
+            key: "connect_timeout or first_byte_timeout",
+        }
+    }
+
+    /// `transfer_timeout`: the whole call.
+    fn transfer(timeouts: ArtifactTimeouts) -> Self {
+        Self {
+            after: timeouts.transfer,
+            key: "transfer_timeout",
+        }
+    }
+}
+
+impl std::fmt::Display for Deadline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ([artifacts] {})",
+            humantime::format_duration(self.after),
+            self.key
+        )
+    }
 }
 
 /// One kind of store, as its module speaks to it; [`ArtifactStore`] bounds
@@ -164,13 +222,10 @@ impl ArtifactStore {
         &self,
         call: impl Future<Output = Result<T, ArtifactError>>,
     ) -> Result<T, ArtifactError> {
-        let after = self.timeouts.transfer;
-        tokio::time::timeout(after, call).await.unwrap_or_else(|_| {
-            Err(ArtifactError::TimedOut {
-                location: self.location(),
-                after,
-            })
-        })
+        let deadline = Deadline::transfer(self.timeouts);
+        tokio::time::timeout(deadline.after, call)
+            .await
+            .unwrap_or_else(|_| Err(timed_out(&self.location(), deadline)))
     }
 }
 
@@ -202,6 +257,13 @@ fn file_name(digest: &PluginDigest) -> String {
     format!("sha256-{}.wasm", digest.hex())
 }
 
+fn timed_out(location: &str, deadline: Deadline) -> ArtifactError {
+    ArtifactError::TimedOut {
+        location: location.to_owned(),
+        deadline,
+    }
+}
+
 fn failed(location: &str, e: impl std::error::Error + Send + Sync + 'static) -> ArtifactError {
     ArtifactError::Failed {
         location: location.to_owned(),
@@ -228,6 +290,7 @@ where
             client: s3(timeouts).await,
             bucket: bucket.clone(),
             prefix: prefix.clone(),
+            timeouts,
         }),
         (
             Some(ArtifactLocation::Oci {

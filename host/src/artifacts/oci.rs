@@ -14,7 +14,9 @@
 
 use async_trait::async_trait;
 
-use super::{ArtifactError, Backend, failed};
+use oci_client::errors::OciDistributionError;
+
+use super::{ArtifactError, Backend, Deadline, failed, timed_out};
 use crate::config::{ArtifactLocation, ArtifactTimeouts};
 use crate::files::MAX_PLUGIN_BYTES;
 use crate::ids::PluginDigest;
@@ -30,6 +32,7 @@ pub(super) struct Oci {
     registry: String,
     repository: String,
     plain_http: bool,
+    timeouts: ArtifactTimeouts,
 }
 
 impl Oci {
@@ -54,6 +57,25 @@ impl Oci {
             registry: registry.to_owned(),
             repository: repository.to_owned(),
             plain_http,
+            timeouts,
+        }
+    }
+
+    /// A failed call as the store's error: the client's connect or read
+    /// deadline named as one, anything else kept whole.
+    fn failed(&self, e: OciDistributionError) -> ArtifactError {
+        let location = self.location();
+        match &e {
+            OciDistributionError::RequestError(r) if r.is_timeout() && r.is_connect() => {
+                timed_out(&location, Deadline::connect(self.timeouts))
+            }
+            OciDistributionError::RequestError(r) if r.is_timeout() => {
+                timed_out(&location, Deadline::first_byte(self.timeouts))
+            }
+            OciDistributionError::IoError(io) if io.kind() == std::io::ErrorKind::TimedOut => {
+                timed_out(&location, Deadline::first_byte(self.timeouts))
+            }
+            _ => failed(&location, e),
         }
     }
 
@@ -87,7 +109,7 @@ impl Backend for Oci {
         self.client
             .push(&reference, &[layer], config, &Self::auth(), None)
             .await
-            .map_err(|e| failed(&self.location(), e))?;
+            .map_err(|e| self.failed(e))?;
         Ok(())
     }
 
@@ -136,7 +158,7 @@ impl Backend for Oci {
                 found: PluginDigest::of(&bytes),
                 location,
             }),
-            Err(e) => Err(failed(&location, e)),
+            Err(e) => Err(self.failed(e)),
         }
     }
 

@@ -8,8 +8,10 @@
 
 use async_trait::async_trait;
 
-use super::{ArtifactError, Backend, failed, file_name};
-use crate::config::ArtifactLocation;
+use aws_sdk_s3::error::SdkError;
+
+use super::{ArtifactError, Backend, Deadline, failed, file_name, timed_out};
+use crate::config::{ArtifactLocation, ArtifactTimeouts};
 use crate::files::MAX_PLUGIN_BYTES;
 use crate::ids::PluginDigest;
 
@@ -18,6 +20,8 @@ pub(super) struct S3 {
     pub(super) client: aws_sdk_s3::Client,
     pub(super) bucket: String,
     pub(super) prefix: String,
+    /// The deadlines the client carries, to name the one that fired.
+    pub(super) timeouts: ArtifactTimeouts,
 }
 
 impl S3 {
@@ -26,6 +30,23 @@ impl S3 {
             file_name(digest)
         } else {
             format!("{}/{}", self.prefix, file_name(digest))
+        }
+    }
+
+    /// A failed call as the store's error: a deadline of the client's
+    /// named as one, anything else kept whole.
+    fn failed<E, R>(&self, e: SdkError<E, R>) -> ArtifactError
+    where
+        E: std::error::Error + Send + Sync + 'static,
+        R: std::fmt::Debug + Send + Sync + 'static,
+    {
+        let location = self.location();
+        match &e {
+            SdkError::TimeoutError(_) => timed_out(&location, Deadline::transfer(self.timeouts)),
+            SdkError::DispatchFailure(d) if d.is_timeout() => {
+                timed_out(&location, Deadline::connect_or_first_byte(self.timeouts))
+            }
+            _ => failed(&location, e),
         }
     }
 }
@@ -41,7 +62,7 @@ impl Backend for S3 {
             .body(bytes.into())
             .send()
             .await
-            .map_err(|e| failed(&self.location(), e))?;
+            .map_err(|e| self.failed(e))?;
         Ok(())
     }
 
@@ -62,7 +83,7 @@ impl Backend for S3 {
                     location,
                 });
             }
-            Err(e) => return Err(failed(&location, e)),
+            Err(e) => return Err(self.failed(e)),
         };
         if output
             .content_length()
@@ -82,7 +103,12 @@ impl Backend for S3 {
             &mut bytes,
         )
         .await
-        .map_err(|e| failed(&location, e))?;
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::TimedOut => {
+                timed_out(&location, Deadline::first_byte(self.timeouts))
+            }
+            _ => failed(&location, e),
+        })?;
         Ok(bytes)
     }
 

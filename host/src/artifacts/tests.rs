@@ -76,7 +76,8 @@ async fn every_call_ends_within_the_transfer_timeout() {
     let started = tokio::time::Instant::now();
     assert!(matches!(
         s.fetch(&PluginDigest::of(b"x")).await,
-        Err(ArtifactError::TimedOut { after, .. }) if after == Duration::from_secs(7)
+        Err(ArtifactError::TimedOut { deadline, .. })
+            if deadline.after == Duration::from_secs(7) && deadline.key == "transfer_timeout"
     ));
     assert!(matches!(
         s.publish(b"x".to_vec()).await,
@@ -141,4 +142,47 @@ fn the_file_store_keeps_its_versions_beside_it() {
         beside_lease_file(std::path::Path::new("/var/lib/shardlane/leases.redb")),
         PathBuf::from("/var/lib/shardlane/leases.redb.artifacts")
     );
+}
+
+/// Catches: a registry that accepts connections and never answers ending
+/// a call with the HTTP client's own "operation timed out" instead of the
+/// deadline that fired, named by its `[artifacts]` key (whichever of the
+/// client's deadlines or the whole call's fires first, the error says
+/// which: CI once saw the client's read deadline win the race).
+#[tokio::test]
+async fn a_hung_registry_is_named_by_the_deadline_that_fired() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket);
+        }
+    });
+    let timeouts = ArtifactTimeouts {
+        first_byte: Duration::from_millis(300),
+        transfer: Duration::from_secs(30),
+        ..ArtifactTimeouts::default()
+    };
+    let s = ArtifactStore {
+        backend: Box::new(oci::Oci::new(
+            &address.to_string(),
+            "team/orders",
+            true,
+            timeouts,
+        )),
+        timeouts,
+    };
+    for result in [
+        s.publish(b"v3".to_vec()).await.map(drop),
+        s.fetch(&PluginDigest::of(b"v3")).await.map(drop),
+    ] {
+        let e = result.unwrap_err();
+        assert!(
+            matches!(&e, ArtifactError::TimedOut { deadline, .. } if deadline.key == "first_byte_timeout"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no answer within 300ms"), "{e}");
+    }
+    held.abort();
 }
