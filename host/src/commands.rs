@@ -27,6 +27,8 @@
 //!   moved into a subscription's lease store.
 //! - `deregister`: `shardlane deregister-consumer`, a fan-out consumer
 //!   removed from its stream.
+//! - `local_test`: `shardlane test`, a plugin run over a file of records
+//!   through the subscription's pipeline, with nothing from AWS.
 //!
 //! Floor 12 (commands) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor and those below.
@@ -37,6 +39,7 @@ mod cli;
 mod deploy;
 mod deregister;
 mod import_kcl;
+mod local_test;
 mod quarantine;
 mod redrive;
 mod repair_run;

@@ -106,7 +106,9 @@ mod keeper;
 pub(crate) mod memory;
 mod planner;
 
-pub(crate) use keeper::{ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, Keeper, StopReason};
+pub(crate) use keeper::{
+    ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, Keeper, ShardSource, StopReason,
+};
 
 use std::fmt;
 use std::time::Duration;

@@ -207,6 +207,23 @@ pub fn init(format: LogFormat, traces: Option<&TracesConfig>) -> anyhow::Result<
     Ok(LogGuard { traces: provider })
 }
 
+/// Installs the global subscriber of `shardlane test`: text to stderr (so
+/// that stdout is the run's journal alone), the guest's lines at every
+/// level and the host's warnings and errors, unless `RUST_LOG` says
+/// otherwise.
+pub(crate) fn init_stderr() -> LogGuard {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,guest=trace"));
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .fmt_fields(EscapedFields::default());
+    tracing_subscriber::registry()
+        .with(log.with_filter(filter))
+        .init();
+    LogGuard { traces: None }
+}
+
 /// Lets a log line through at most once an interval, counting what it kept
 /// back: for events that can come by the thousand a second (throttling,
 /// refused requests, failing accepts), so the log says how often without

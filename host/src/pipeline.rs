@@ -59,35 +59,33 @@ use tokio_util::sync::CancellationToken;
 
 use crate::channel::{self, DeliveryReceiver, DeliverySender};
 use crate::config::{LeaseConfig, SubscriptionConfig};
-use crate::dispatch::Dispatcher;
+use crate::dispatch::{Dispatcher, HandlerFactory};
 use crate::failure::{DeadLetterSink, DeadLetters, Policy, Quarantine};
 use crate::ids::{OwnerId, SubscriptionName};
 use crate::kinesis::{ConsumerArn, Kinesis};
 use crate::lease::{
     ASSIGNMENT_QUEUE, Assignment, CHECKPOINT_QUEUE, CheckpointState, Keeper, LeaseStore,
+    ShardSource,
 };
 use crate::outputs::{OutputStage, PUBLISH_QUEUE, PutRecords};
 use crate::reader::pool::ReaderPool;
 use crate::reader::range::Range;
-use crate::reader::{BeforeRead, Decode, FanOut, ReaderContext, ShardSubscriber};
+use crate::reader::{BeforeRead, Decode, FanOut, ReaderContext, ShardReads, ShardSubscriber};
 use crate::settlement::{SETTLEMENT_QUEUE, Settlement, SettlementMsg};
 use crate::slot::PluginSlot;
 use crate::state::{StateMetrics, StateStage};
 use crate::telemetry::{SubscriptionStatus, Telemetry};
 
 /// What a subscription's pipeline is built from.
-pub(crate) struct Parts {
+pub(crate) struct Parts<F = PluginSlot> {
     /// The subscription.
     pub subscription: Arc<SubscriptionConfig>,
     /// Its plugin versions (hot-swapped, canary), which the rollout stage
     /// keeps on the fleet's versions (a replay's runs the one version it
-    /// was given).
-    pub slot: Arc<PluginSlot>,
-    /// Kinesis.
-    pub kinesis: Kinesis,
-    /// The stream consumer to read through, when reading by enhanced
-    /// fan-out.
-    pub fan_out: Option<ConsumerArn>,
+    /// was given); `shardlane test` wraps it to print every call.
+    pub slot: Arc<F>,
+    /// Where records come from and effects go.
+    pub source: Source,
     /// The lease store every subscription of this process shares.
     pub store: Arc<dyn LeaseStore>,
     /// How leases are held.
@@ -99,12 +97,34 @@ pub(crate) struct Parts {
     /// A replay's range (see `crate::reader::range`); `None` for the
     /// service.
     pub range: Option<Arc<Range>>,
-    /// Where outputs and dead letters go instead of Kinesis (a dry run
-    /// captures them); `None`: to Kinesis.
-    pub effects: Option<Effects>,
     /// What readers do to records before handing them out (a redrive
     /// decodes dead-letter envelopes); `None` for the service.
     pub decode: Option<Arc<dyn Decode>>,
+}
+
+/// Where a pipeline's records come from and its effects go.
+pub(crate) enum Source {
+    /// A Kinesis stream: the service, a replay, a redrive.
+    Kinesis {
+        /// Kinesis.
+        kinesis: Kinesis,
+        /// The stream consumer to read through, when reading by enhanced
+        /// fan-out.
+        fan_out: Option<ConsumerArn>,
+        /// Where outputs and dead letters go instead of Kinesis (a dry
+        /// run captures them); `None`: to Kinesis.
+        effects: Option<Effects>,
+    },
+    /// Records from elsewhere (`shardlane test`'s file): its shards, its
+    /// reads, and where its effects go. Nothing of it reaches AWS.
+    Given {
+        /// The shards (the keeper's listing).
+        shards: Arc<dyn ShardSource>,
+        /// Their records (the readers' reads).
+        reads: Arc<dyn ShardReads>,
+        /// Outputs and dead letters.
+        effects: Effects,
+    },
 }
 
 /// Where a pipeline's effects go when not to Kinesis.
@@ -150,23 +170,30 @@ fn report_fill(telemetry: &Telemetry, sub: &SubscriptionConfig, deliveries: &Del
 }
 
 /// The subscription's failure policy, its dead letters put to Kinesis
-/// (or where `effects` says), with its quarantine (`quarantine` makes it
+/// (or where `source` says), with its quarantine (`quarantine` makes it
 /// from its sink).
 fn failure_policy(
     sub: &SubscriptionConfig,
-    kinesis: &Kinesis,
-    effects: Option<&Effects>,
+    source: &Source,
     quarantine: impl FnOnce(Arc<dyn DeadLetterSink>) -> Arc<Quarantine>,
 ) -> Policy {
     Policy::with_quarantine(
         &sub.failure,
-        |stream| match effects {
-            Some(effects) => effects.dead_letters.clone(),
-            None => Arc::new(DeadLetters::new(
+        |stream| match source {
+            Source::Kinesis {
+                kinesis,
+                effects: None,
+                ..
+            } => Arc::new(DeadLetters::new(
                 kinesis.clone(),
                 stream.clone(),
                 sub.name.clone(),
             )),
+            Source::Kinesis {
+                effects: Some(effects),
+                ..
+            }
+            | Source::Given { effects, .. } => effects.dead_letters.clone(),
         },
         quarantine,
     )
@@ -188,11 +215,11 @@ fn state_stage(
     })
 }
 
-impl Parts {
+impl<F> Parts<F> {
     /// The failure policy, its quarantine reporting to `status`.
     fn policy(&self, status: &Arc<SubscriptionStatus>) -> Policy {
         let sub = &self.subscription;
-        failure_policy(sub, &self.kinesis, self.effects.as_ref(), |sink| {
+        failure_policy(sub, &self.source, |sink| {
             Arc::new(Quarantine::new(
                 sub.name.clone(),
                 self.store.clone(),
@@ -207,9 +234,17 @@ impl Parts {
 
     /// Where acked records' outputs go: Kinesis, or a dry run's capture.
     fn outputs_sink(&self) -> Arc<dyn PutRecords> {
-        match &self.effects {
-            Some(effects) => effects.outputs.clone(),
-            None => Arc::new(self.kinesis.clone()),
+        match &self.source {
+            Source::Kinesis {
+                kinesis,
+                effects: None,
+                ..
+            } => Arc::new(kinesis.clone()),
+            Source::Kinesis {
+                effects: Some(effects),
+                ..
+            }
+            | Source::Given { effects, .. } => effects.outputs.clone(),
         }
     }
 
@@ -221,14 +256,23 @@ impl Parts {
         status: Arc<SubscriptionStatus>,
         before_read: Option<Arc<dyn BeforeRead>>,
     ) -> ReaderContext {
+        let (reads, fan_out): (Arc<dyn ShardReads>, _) = match &self.source {
+            Source::Kinesis {
+                kinesis, fan_out, ..
+            } => (
+                Arc::new(kinesis.clone()),
+                fan_out.clone().map(|consumer| {
+                    Arc::new(FanOut {
+                        kinesis: kinesis.clone(),
+                        consumer,
+                    }) as Arc<dyn ShardSubscriber>
+                }),
+            ),
+            Source::Given { reads, .. } => (reads.clone(), None),
+        };
         ReaderContext {
-            reads: Arc::new(self.kinesis.clone()),
-            fan_out: self.fan_out.clone().map(|consumer| {
-                Arc::new(FanOut {
-                    kinesis: self.kinesis.clone(),
-                    consumer,
-                }) as Arc<dyn ShardSubscriber>
-            }),
+            reads,
+            fan_out,
             subscription: self.subscription.clone(),
             deliveries,
             settlement,
@@ -242,12 +286,16 @@ impl Parts {
 
     /// The lease keeper, committing `state`'s writes with its checkpoints.
     fn keeper(&self, status: Arc<SubscriptionStatus>, state: Option<Arc<StateStage>>) -> Keeper {
+        let shards: Arc<dyn ShardSource> = match &self.source {
+            Source::Kinesis { kinesis, .. } => Arc::new(kinesis.clone()),
+            Source::Given { shards, .. } => shards.clone(),
+        };
         Keeper::new(
             self.subscription.clone(),
             self.lease.clone(),
             self.owner.clone(),
             self.store.clone(),
-            Arc::new(self.kinesis.clone()),
+            shards,
             status,
             self.telemetry.clone(),
         )
@@ -257,7 +305,7 @@ impl Parts {
 
 impl Pipeline {
     /// Wires and starts the stages of one subscription (module docs).
-    pub(crate) fn start(parts: Parts) -> Self {
+    pub(crate) fn start<F: HandlerFactory>(parts: Parts<F>) -> Self {
         let (sub, telemetry) = (parts.subscription.clone(), parts.telemetry.clone());
         let status = telemetry.subscription(&sub.name, sub.mode());
         let (deliveries_tx, deliveries_rx) = channel::channel();

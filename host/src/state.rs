@@ -77,7 +77,7 @@ mod stage;
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) use call::CallState;
 pub(crate) use call::{Delta, StateError};
-pub(crate) use codec::KeyState;
+pub(crate) use codec::{KeyState, Value};
 pub(crate) use stage::StateStage;
 
 use crate::telemetry::{Gauge, Histogram, Telemetry};

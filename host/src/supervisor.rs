@@ -48,7 +48,7 @@ use crate::lease::dynamodb::DynamoDbLeaseStore;
 use crate::lease::file::FileLeaseStore;
 use crate::lease::memory::MemoryLeaseStore;
 use crate::ops::{self, OpsState, Routes};
-use crate::pipeline::{Parts, Pipeline};
+use crate::pipeline::{Parts, Pipeline, Source};
 use crate::plugin::{CompileCache, Plugin, PluginHost, World};
 use crate::rollout::{Declaration, Readiness, Rollout};
 use crate::slot::PluginSlot;
@@ -499,14 +499,16 @@ impl Runner {
         Parts {
             subscription: self.sub.clone(),
             slot: self.slot.clone(),
-            kinesis: self.kinesis.clone(),
-            fan_out: self.fan_out.clone(),
+            source: Source::Kinesis {
+                kinesis: self.kinesis.clone(),
+                fan_out: self.fan_out.clone(),
+                effects: None,
+            },
             store: self.store.clone(),
             lease: self.lease.clone(),
             owner: self.owner.clone(),
             telemetry: self.telemetry.clone(),
             range: None,
-            effects: None,
             decode: None,
         }
     }

@@ -33,6 +33,7 @@ mod import_kcl;
 mod kpl;
 mod lanes;
 mod leases;
+mod local_loop;
 mod ops;
 mod outputs;
 mod packaging;

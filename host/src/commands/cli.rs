@@ -13,6 +13,7 @@ use super::check::{CheckArgs, ConfigArgs, ValidateArgs};
 use super::deploy::{DeployArgs, PromoteArgs, RollbackArgs, VersionsArgs};
 use super::deregister::DeregisterArgs;
 use super::import_kcl::ImportKclArgs;
+use super::local_test::TestArgs;
 use super::quarantine::QuarantineArgs;
 use super::redrive::RedriveArgs;
 use super::replay::ReplayArgs;
@@ -76,6 +77,11 @@ enum Command {
     State(StateArgs),
     /// Validate a plugin component: print its world and imports.
     Check(CheckArgs),
+    /// Run a subscription's plugin over records from a file or stdin (JSON
+    /// lines), on this machine: no AWS, no emulator, no network. Prints
+    /// each record's outcome, the outputs and state it wrote, and the
+    /// state after the run.
+    Test(TestArgs),
     /// Print a shell completion script (e.g. `shardlane completions bash >
     /// /etc/bash_completion.d/shardlane`).
     Completions(CompletionsArgs),
@@ -116,6 +122,7 @@ impl Command {
             Self::Quarantine(args) => args.run(),
             Self::State(args) => args.run(),
             Self::Check(args) => args.run(),
+            Self::Test(args) => args.run(),
             Self::Completions(args) => args.run(),
             Self::Man => man(),
             Self::Healthcheck(args) => args.run(),

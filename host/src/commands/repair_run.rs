@@ -38,7 +38,7 @@ use crate::kinesis::{Kinesis, KinesisError};
 use crate::lease::LeaseStore;
 use crate::lease::file::FileLeaseStore;
 use crate::lease::memory::MemoryLeaseStore;
-use crate::pipeline::{Effects, Parts, Pipeline};
+use crate::pipeline::{Effects, Parts, Pipeline, Source};
 use crate::plugin::{Plugin, PluginHost, World};
 use crate::progress::Checkpoint;
 use crate::reader::Decode;
@@ -140,8 +140,14 @@ pub(super) async fn run_repair(
     let pipeline = Pipeline::start(Parts {
         subscription: sub.clone(),
         slot,
-        kinesis: kinesis.clone(),
-        fan_out: None,
+        source: Source::Kinesis {
+            kinesis: kinesis.clone(),
+            fan_out: None,
+            effects: capture.clone().map(|c| Effects {
+                outputs: c.clone(),
+                dead_letters: c,
+            }),
+        },
         store: store.clone(),
         lease,
         owner: OwnerId::new(format!(
@@ -152,10 +158,6 @@ pub(super) async fn run_repair(
         )),
         telemetry: telemetry.clone(),
         range: Some(range.clone()),
-        effects: capture.clone().map(|c| Effects {
-            outputs: c.clone(),
-            dead_letters: c,
-        }),
         decode,
     });
     let finished = watch(&range, &*store, &kinesis, &sub, name, interrupt).await;
@@ -424,7 +426,7 @@ async fn all_ended(
 
 /// The summary: outcomes by kind, then what was put (or, in a dry run,
 /// captured).
-fn summary(
+pub(super) fn summary(
     t: &Telemetry,
     sub: &SubscriptionConfig,
     shards: &[ShardId],
@@ -461,8 +463,17 @@ fn summary(
             .get()
         })
         .sum();
+    let filtered = sub.filter.as_ref().map(|_| {
+        count(
+            "shardlane_records_filtered_total",
+            "Records that matched none of the subscription's filter patterns: settled without a handler call.",
+        )
+    });
     let mut lines = vec![
-        format!("records read: {read}"),
+        match filtered {
+            Some(filtered) => format!("records read: {read}, filtered out: {filtered}"),
+            None => format!("records read: {read}"),
+        },
         format!(
             "outcomes: ack {}, reject {}, retry {}, trap {}, timeout {}, guest error {}",
             outcome("ack"),
@@ -484,9 +495,20 @@ fn summary(
             ),
         ),
     ];
+    lines.extend(put_lines(t, sub, capture));
+    lines
+}
+
+/// What was put to each output stream (or, in a dry run, captured).
+fn put_lines(t: &Telemetry, sub: &SubscriptionConfig, capture: Option<&Capture>) -> Vec<String> {
+    let name = sub.name.as_str();
     match capture {
-        None => {
-            for stream in &sub.sandbox.grants.outputs {
+        None => sub
+            .sandbox
+            .grants
+            .outputs
+            .iter()
+            .map(|stream| {
                 let put = t
                     .counter(
                         "shardlane_outputs_total",
@@ -494,10 +516,9 @@ fn summary(
                         &[("subscription", name), ("stream", stream.as_str())],
                     )
                     .get();
-                lines.push(format!("outputs put to {stream}: {put}"));
-            }
-        }
-        Some(capture) => lines.extend(capture.lines(t, name)),
+                format!("outputs put to {stream}: {put}")
+            })
+            .collect(),
+        Some(capture) => capture.lines(t, name),
     }
-    lines
 }

@@ -41,6 +41,34 @@ impl MemoryLeaseStore {
         Self::default()
     }
 
+    /// Sets `key`'s committed state (its stored form) before anything
+    /// runs: `shardlane test --state` seeds a run with it.
+    pub(crate) fn seed_state(
+        &self,
+        subscription: &SubscriptionName,
+        key: &PartitionKey,
+        stored: Vec<u8>,
+    ) {
+        self.with_all(|inner| {
+            inner
+                .state
+                .insert((subscription.clone(), key.clone()), stored);
+        });
+    }
+
+    /// Every key's committed state (stored form) of `subscription`, by
+    /// key: what `shardlane test` prints after a run.
+    pub(crate) fn states(&self, subscription: &SubscriptionName) -> Vec<(PartitionKey, Vec<u8>)> {
+        self.with_all(|inner| {
+            inner
+                .state
+                .iter()
+                .filter(|((sub, _), _)| sub == subscription)
+                .map(|((_, key), stored)| (key.clone(), stored.clone()))
+                .collect()
+        })
+    }
+
     fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<LeaseKey, Lease>) -> R) -> R {
         self.with_all(|inner| f(&mut inner.leases))
     }
