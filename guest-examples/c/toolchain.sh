@@ -21,7 +21,10 @@ repo_root="$(cd "$c_root/../.." && pwd)"
 # echo, batch-sum and poison are shardlane:plugin@0.1.0 plugins, built
 # against the frozen contract: they show that old plugins run unchanged.
 wit_dir="$repo_root/wit/v0.1.0"
-# enrich is a shardlane:plugin@0.2.0 plugin: the current contract.
+# enrich and running-total are shardlane:plugin@0.2.0 plugins, built
+# against that frozen contract: 0.2.0 plugins run unchanged too.
+wit_v2="$repo_root/wit/v0.2.0"
+# windowed-totals is a shardlane:plugin@0.3.0 plugin: the current contract.
 wit_current="$repo_root/wit"
 tools_dir="$c_root/.tools"
 

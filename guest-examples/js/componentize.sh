@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds one JavaScript example into a shardlane:plugin component.
 #
-# Usage: componentize.sh <example-dir> <world> [0.2.0]
+# Usage: componentize.sh <example-dir> <world> [0.2.0 | 0.3.0]
 #   -> <example-dir>/dist/<example>.wasm, from <example-dir>/<example>.js,
-#   against the frozen 0.1.0 contract, or the current one (wit/) with 0.2.0
+#   against the frozen 0.1.0 contract, the frozen 0.2.0 one, or the current
+#   one (wit/) with 0.3.0
 #
 # Shared by every example's build.sh, so each of those stays one command. It
 # installs the pinned componentize-js (package-lock.json) into node_modules
@@ -18,12 +19,13 @@ world="$2"
 example="$(basename "$example_dir")"
 # echo, batch-sum and poison are shardlane:plugin@0.1.0 plugins, built
 # against the frozen contract: they show that old plugins run unchanged.
-# enrich is a 0.2.0 plugin: the current contract.
-if [[ "${3:-}" == "0.2.0" ]]; then
-  wit="$js/../../wit"
-else
-  wit="$js/../../wit/v0.1.0"
-fi
+# enrich and running-total are 0.2.0 plugins, built against that frozen
+# contract; windowed-totals is a 0.3.0 plugin: the current contract.
+case "${3:-}" in
+  0.3.0) wit="$js/../../wit" ;;
+  0.2.0) wit="$js/../../wit/v0.2.0" ;;
+  *) wit="$js/../../wit/v0.1.0" ;;
+esac
 out="$example_dir/dist/$example.wasm"
 
 # Skip the rebuild when the component is newer than its inputs: the example's

@@ -101,9 +101,14 @@ pub enum Contract {
     /// `shardlane:plugin@0.1.0` (frozen, `wit/v0.1.0`):
     /// `log` only.
     V0_1,
-    /// `shardlane:plugin@0.2.0` (`wit/`): `log`, `outputs`,
-    /// `wasi:config/store`, `wasi:http/outgoing-handler`.
+    /// `shardlane:plugin@0.2.0` (frozen, `wit/v0.2.0`): `log`,
+    /// `outputs`, `state`, `wasi:config/store`,
+    /// `wasi:http/outgoing-handler`.
     V0_2,
+    /// `shardlane:plugin@0.3.0` (`wit/`): as 0.2.0, with runs of records
+    /// (`handle-run`), the window a record is in, and the windowed worlds'
+    /// `close-window`.
+    V0_3,
 }
 
 impl fmt::Display for Contract {
@@ -111,6 +116,7 @@ impl fmt::Display for Contract {
         f.write_str(match self {
             Contract::V0_1 => "shardlane:plugin@0.1.0",
             Contract::V0_2 => "shardlane:plugin@0.2.0",
+            Contract::V0_3 => "shardlane:plugin@0.3.0",
         })
     }
 }
@@ -118,7 +124,8 @@ impl fmt::Display for Contract {
 /// Which world a component implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum World {
-    /// Exports `handle`: one record per call.
+    /// Exports `handle` (0.1.0, 0.2.0: one record per call) or
+    /// `handle-run` (0.3.0: a run of one shard's records per call).
     RecordHandler,
     /// Exports `handle-batch`: a batch per call.
     BatchHandler,

@@ -378,3 +378,60 @@ fn a_bad_record_line_is_one_line_naming_it() {
         run.stderr
     );
 }
+
+/// Catches: a 0.3.0 plugin (`handle-run`) not run, or its run's outcomes
+/// not settling as a record's: the retried record comes back with its
+/// attempt counted, the rejected one is given up, and a trap is retried
+/// on a fresh instance (here until `--max-time`, which ends the run with
+/// exit 1 and says why).
+#[test]
+fn a_contract_0_3_0_plugin_runs_records_through_handle_run() {
+    let plugin = shardlane_testkit::guests::build().unwrap().runner;
+    let config = "retry_backoff = { initial = \"10ms\", max = \"20ms\" }";
+    let records = [line("a", "one"), line("b", "retry"), line("c", "bad")];
+    let ran = run(&plugin, config, &records, &[]);
+    assert!(ran.success, "{}", ran.stderr);
+    let outcomes = ran.outcomes();
+    let at = |seq: u32| outcomes[&format!("shardId-000000000000/{seq}")].clone();
+    assert_eq!(at(1), [(1, Json::from("ack"))]);
+    assert_eq!(
+        at(2),
+        [
+            (
+                1,
+                serde_json::json!({"retry": "retry wants a second attempt"})
+            ),
+            (2, Json::from("ack"))
+        ]
+    );
+    assert_eq!(at(3), [(1, serde_json::json!({"reject": "bad is bad"}))]);
+    let lines = ran.guest_lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("run stream=local shard=shardId-000000000000 key=b seq=2 attempt=2 data=retry window=none")),
+        "{}",
+        ran.stderr
+    );
+
+    let trapped = run(&plugin, config, &[line("d", "trap")], &["--max-time", "2s"]);
+    assert_eq!(trapped.code, Some(1));
+    assert!(
+        trapped
+            .stderr
+            .contains("not every record settled within --max-time 2s"),
+        "{}",
+        trapped.stderr
+    );
+    let calls = trapped.calls();
+    assert!(
+        calls.len() >= 2,
+        "retried on fresh instances: {}",
+        calls.len()
+    );
+    assert!(
+        str(&calls[0]["outcome"]["failed"]).starts_with("guest trapped"),
+        "{}",
+        calls[0]
+    );
+}

@@ -3,4 +3,4 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../toolchain.sh"
-c_component "$here" record-handler "$wit_current"
+c_component "$here" record-handler "$wit_v2"

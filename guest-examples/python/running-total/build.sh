@@ -3,4 +3,4 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../toolchain.sh"
-python_component "$here" record-handler "$wit_current"
+python_component "$here" record-handler "$wit_v2"

@@ -177,7 +177,12 @@ impl TestArgs {
             telemetry: &telemetry,
         });
         let ended = tokio::time::timeout(self.max_time, all_ended(&*store, &sub, &stream)).await;
-        let stopped = pipeline.shutdown().await;
+        // Done: every record settled, nothing to drain. Out of time: stop
+        // where it is (what has not settled never will here).
+        let stopped = match &ended {
+            Ok(()) => pipeline.shutdown().await,
+            Err(_) => pipeline.stop_now().await,
+        };
         let shards: Vec<_> = stream.shards().keys().cloned().collect();
         let summary = super::repair_run::summary(&telemetry, &sub, &shards, None);
         journal.finish(&summary, &committed_state(&store, &sub)?);

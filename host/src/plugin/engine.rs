@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, HasSelf, Linker, types::ComponentItem};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::bindings::{v1, v2};
+use super::bindings::{v1, v2, v3};
 use super::cache::CompileCache;
 use super::epoch::Ticker;
 use super::error::one_line;
@@ -91,6 +91,9 @@ impl PluginHost {
         v2::outputs::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         v2::state::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         v2::config::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        v3::log::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        v3::outputs::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        v3::state::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         Ok(Self {
             engine,
             ticker,
@@ -209,7 +212,7 @@ impl PluginHost {
         let mut batch = false;
         for (name, item) in ty.exports(&self.engine) {
             if matches!(item.ty, ComponentItem::ComponentFunc(_)) {
-                record |= name == "handle";
+                record |= name == "handle" || name == "handle-run";
                 batch |= name == "handle-batch";
             }
         }
@@ -270,7 +273,11 @@ impl PluginHost {
                 import: import.clone(),
             });
         }
-        let contract = contract_of(&imports);
+        let exports: Vec<String> = ty
+            .exports(&self.engine)
+            .map(|(n, _)| n.to_owned())
+            .collect();
+        let contract = contract_of(&imports, &exports);
         let pre = self
             .linker
             .instantiate_pre(component)
@@ -289,15 +296,19 @@ impl PluginHost {
             (Contract::V0_1, World::RecordHandler) => PluginPre::V1Record(
                 v1::record::RecordHandlerPre::new(pre).map_err(|e| bad_export("handle", e))?,
             ),
-            (Contract::V0_1, World::BatchHandler) => PluginPre::V1Batch(
-                v1::batch::BatchHandlerPre::new(pre).map_err(|e| bad_export("handle-batch", e))?,
-            ),
+            (Contract::V0_1, World::BatchHandler) => {
+                let (found, pre) =
+                    v1_or_v3_batch(pre).map_err(|e| bad_export("handle-batch", e))?;
+                return Ok((found, pre));
+            }
             (Contract::V0_2, World::RecordHandler) => PluginPre::V2Record(
                 v2::record::RecordHandlerPre::new(pre).map_err(|e| bad_export("handle", e))?,
             ),
             (Contract::V0_2, World::BatchHandler) => PluginPre::V2Batch(
                 v2::batch::BatchHandlerPre::new(pre).map_err(|e| bad_export("handle-batch", e))?,
             ),
+            (Contract::V0_3, world) => v3_pre(pre, world, windowed(&exports))
+                .map_err(|(export, e)| bad_export(export, e))?,
         };
         Ok((contract, pre))
     }
@@ -436,6 +447,7 @@ const LINKED_PACKAGES: &[(&str, &str)] = &[
     ("wasi:sockets", "0.2"),
     ("shardlane:plugin", "0.1"),
     ("shardlane:plugin", "0.2"),
+    ("shardlane:plugin", "0.3"),
     ("wasi:http", "0.2"),
 ];
 
@@ -443,18 +455,76 @@ const LINKED_PACKAGES: &[(&str, &str)] = &[
 /// match exactly, as wasmtime's linker matches them).
 const WASI_CONFIG: &str = "wasi:config/store@0.2.0-rc.1";
 
-/// The contract version `imports` name: 0.2.0 when any `shardlane:plugin`
-/// import is of 0.2, else 0.1.0 (a 0.1.0 plugin imports `types` and `log`
-/// of 0.1.0, or nothing of ours).
-fn contract_of(imports: &[String]) -> Contract {
-    if imports
+/// The contract version a component targets: 0.3.0 when it exports what
+/// only 0.3.0 has (`handle-run`, `close-window`) or imports a
+/// `shardlane:plugin` interface of 0.3; 0.2.0 when it imports one of 0.2;
+/// else 0.1.0 (a 0.1.0 plugin imports `types` and `log` of 0.1.0, or
+/// nothing of ours). A 0.3.0 `batch-handler` that imports nothing of ours
+/// looks like a 0.1.0 one: its export's types tell them apart
+/// ([`v1_or_v3_batch`]).
+fn contract_of(imports: &[String], exports: &[String]) -> Contract {
+    let imports_of = |version: &str| {
+        imports
+            .iter()
+            .any(|name| name.starts_with("shardlane:plugin/") && name.contains(version))
+    };
+    if exports
         .iter()
-        .any(|name| name.starts_with("shardlane:plugin/") && name.contains("@0.2."))
+        .any(|name| name == "handle-run" || name == "close-window")
+        || imports_of("@0.3.")
     {
+        Contract::V0_3
+    } else if imports_of("@0.2.") {
         Contract::V0_2
     } else {
         Contract::V0_1
     }
+}
+
+/// A `batch-handler` that imports nothing of `shardlane:plugin`: 0.1.0
+/// when its `handle-batch` takes 0.1.0's records, else 0.3.0 (0.2.0's
+/// records are 0.1.0's with one field more, and every 0.2.0 batch
+/// handler imports its `types`). The error is 0.1.0's.
+fn v1_or_v3_batch(
+    pre: wasmtime::component::InstancePre<HostState>,
+) -> Result<(Contract, PluginPre), wasmtime::Error> {
+    match v1::batch::BatchHandlerPre::new(pre.clone()) {
+        Ok(v1) => Ok((Contract::V0_1, PluginPre::V1Batch(v1))),
+        Err(e) => match v3::batch::BatchHandlerPre::new(pre) {
+            Ok(v3) => Ok((Contract::V0_3, PluginPre::V3Batch(v3))),
+            Err(_) => Err(e),
+        },
+    }
+}
+
+/// Whether a 0.3.0 component implements a windowed world.
+fn windowed(exports: &[String]) -> bool {
+    exports.iter().any(|name| name == "close-window")
+}
+
+/// A 0.3.0 component's pre-instance, in its world; on failure, the export
+/// that did not match the contract.
+fn v3_pre(
+    pre: wasmtime::component::InstancePre<HostState>,
+    world: World,
+    windowed: bool,
+) -> Result<PluginPre, (&'static str, wasmtime::Error)> {
+    Ok(match (world, windowed) {
+        (World::RecordHandler, false) => PluginPre::V3Record(
+            v3::record::RecordHandlerPre::new(pre).map_err(|e| ("handle-run", e))?,
+        ),
+        (World::BatchHandler, false) => PluginPre::V3Batch(
+            v3::batch::BatchHandlerPre::new(pre).map_err(|e| ("handle-batch", e))?,
+        ),
+        (World::RecordHandler, true) => PluginPre::V3WindowedRecord(
+            v3::windowed_record::WindowedRecordHandlerPre::new(pre)
+                .map_err(|e| ("handle-run or close-window", e))?,
+        ),
+        (World::BatchHandler, true) => PluginPre::V3WindowedBatch(
+            v3::windowed_batch::WindowedBatchHandlerPre::new(pre)
+                .map_err(|e| ("handle-batch or close-window", e))?,
+        ),
+    })
 }
 
 /// Whether an import named `name` (`namespace:package/interface@version`)
@@ -479,7 +549,7 @@ fn links(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::links;
+    use super::{Contract, contract_of, links};
 
     #[test]
     fn links_what_the_host_provides_in_compatible_versions_only() {
@@ -493,7 +563,8 @@ mod tests {
             !links("wasi:config/store@0.2.0-rc.2"),
             "pre-releases match exactly"
         );
-        assert!(!links("shardlane:plugin/log@0.3.0"), "another minor of 0.x");
+        assert!(links("shardlane:plugin/runs@0.3.0"));
+        assert!(!links("shardlane:plugin/log@0.4.0"), "another minor of 0.x");
         assert!(!links("wasi:cli/environment@0.3.0"));
         assert!(
             !links("wasi:io/streams@0.2.0-rc-2023-11-10"),
@@ -502,5 +573,25 @@ mod tests {
         assert!(!links("wasi:keyvalue/store@0.2.0"), "a package not linked");
         assert!(!links("test:importer/extra"), "no version");
         assert!(!links("extra"), "not an interface");
+    }
+
+    /// Catches: a 0.3.0 plugin that imports nothing of ours taken for a
+    /// 0.1.0 one (its `handle-run` would not be found), or a 0.2.0 one
+    /// taken for another version.
+    #[test]
+    fn the_contract_is_told_from_imports_and_0_3_0_exports() {
+        let names = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let v1 = names(&["shardlane:plugin/log@0.1.0"]);
+        let v2 = names(&["shardlane:plugin/log@0.2.0", "wasi:io/poll@0.2.12"]);
+        let v3 = names(&["shardlane:plugin/runs@0.3.0"]);
+        assert_eq!(contract_of(&v1, &names(&["handle"])), Contract::V0_1);
+        assert_eq!(contract_of(&[], &names(&["handle-batch"])), Contract::V0_1);
+        assert_eq!(contract_of(&v2, &names(&["handle"])), Contract::V0_2);
+        assert_eq!(contract_of(&v3, &names(&["handle-batch"])), Contract::V0_3);
+        assert_eq!(contract_of(&[], &names(&["handle-run"])), Contract::V0_3);
+        assert_eq!(
+            contract_of(&[], &names(&["handle-batch", "close-window"])),
+            Contract::V0_3
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use wasmtime::{Engine, Store};
 
-use super::bindings::{v1, v2};
+use super::bindings::{v1, v2, v3};
 use super::epoch::Ticker;
 use super::error::one_line;
 use super::host::{CallContext, HostState, HttpMetrics};
@@ -26,6 +26,10 @@ pub(super) enum PluginPre {
     V1Batch(v1::batch::BatchHandlerPre<HostState>),
     V2Record(v2::record::RecordHandlerPre<HostState>),
     V2Batch(v2::batch::BatchHandlerPre<HostState>),
+    V3Record(v3::record::RecordHandlerPre<HostState>),
+    V3Batch(v3::batch::BatchHandlerPre<HostState>),
+    V3WindowedRecord(v3::windowed_record::WindowedRecordHandlerPre<HostState>),
+    V3WindowedBatch(v3::windowed_batch::WindowedBatchHandlerPre<HostState>),
 }
 
 /// A compiled, linked, pre-instantiated plugin: immutable, shared by every
@@ -130,28 +134,9 @@ impl Plugin {
             path: self.path.clone(),
             reason: one_line(&e),
         };
-        let exports = match &self.pre {
-            PluginPre::V1Record(pre) => Exports::V1Record(
-                pre.instantiate_async(&mut store)
-                    .await
-                    .map_err(instantiate_error)?,
-            ),
-            PluginPre::V1Batch(pre) => Exports::V1Batch(
-                pre.instantiate_async(&mut store)
-                    .await
-                    .map_err(instantiate_error)?,
-            ),
-            PluginPre::V2Record(pre) => Exports::V2Record(
-                pre.instantiate_async(&mut store)
-                    .await
-                    .map_err(instantiate_error)?,
-            ),
-            PluginPre::V2Batch(pre) => Exports::V2Batch(
-                pre.instantiate_async(&mut store)
-                    .await
-                    .map_err(instantiate_error)?,
-            ),
-        };
+        let exports = instantiate(&self.pre, &mut store)
+            .await
+            .map_err(instantiate_error)?;
         Ok(Instance {
             store,
             exports,
@@ -164,11 +149,45 @@ impl Plugin {
     }
 }
 
+/// One instance of `pre` in `store`.
+async fn instantiate(pre: &PluginPre, store: &mut Store<HostState>) -> wasmtime::Result<Exports> {
+    Ok(match pre {
+        PluginPre::V1Record(pre) => Exports::V1Record(pre.instantiate_async(store).await?),
+        PluginPre::V1Batch(pre) => Exports::V1Batch(pre.instantiate_async(store).await?),
+        PluginPre::V2Record(pre) => Exports::V2Record(pre.instantiate_async(store).await?),
+        PluginPre::V2Batch(pre) => Exports::V2Batch(pre.instantiate_async(store).await?),
+        PluginPre::V3Record(pre) => Exports::V3Record(pre.instantiate_async(store).await?),
+        PluginPre::V3Batch(pre) => Exports::V3Batch(pre.instantiate_async(store).await?),
+        PluginPre::V3WindowedRecord(pre) => {
+            Exports::V3WindowedRecord(pre.instantiate_async(store).await?)
+        }
+        PluginPre::V3WindowedBatch(pre) => {
+            Exports::V3WindowedBatch(pre.instantiate_async(store).await?)
+        }
+    })
+}
+
 enum Exports {
     V1Record(v1::record::RecordHandler),
     V1Batch(v1::batch::BatchHandler),
     V2Record(v2::record::RecordHandler),
     V2Batch(v2::batch::BatchHandler),
+    V3Record(v3::record::RecordHandler),
+    V3Batch(v3::batch::BatchHandler),
+    V3WindowedRecord(v3::windowed_record::WindowedRecordHandler),
+    V3WindowedBatch(v3::windowed_batch::WindowedBatchHandler),
+}
+
+impl Exports {
+    /// The world its instance implements, by name.
+    fn world(&self) -> &'static str {
+        match self {
+            Exports::V1Record(_) | Exports::V2Record(_) | Exports::V3Record(_) => "record-handler",
+            Exports::V1Batch(_) | Exports::V2Batch(_) | Exports::V3Batch(_) => "batch-handler",
+            Exports::V3WindowedRecord(_) => "windowed-record-handler",
+            Exports::V3WindowedBatch(_) => "windowed-batch-handler",
+        }
+    }
 }
 
 /// One live instance. Not reusable after a trap or timeout: drop it and
@@ -209,6 +228,52 @@ fn to_v2(record: &Record, attempt: u32) -> v2::KinesisRecord<'_> {
         data: &record.data,
         attempt,
     }
+}
+
+/// What the records of a 0.3.0 run share.
+fn run_context(record: &Record) -> v3::RunContext<'_> {
+    v3::RunContext {
+        stream: record.stream.as_str(),
+        shard_id: record.shard.as_str(),
+    }
+}
+
+/// The 0.3.0 view of a record in a run, borrowed as [`to_v1`]'s.
+fn to_v3_run(record: &Record, attempt: u32) -> v3::RunRecord<'_> {
+    v3::RunRecord {
+        partition_key: record.partition_key.as_str(),
+        sequence_number: record.sequence.as_str(),
+        sub_sequence_number: record.sub_sequence,
+        approximate_arrival: record.arrival_ms,
+        data: &record.data,
+        attempt,
+        window: None,
+    }
+}
+
+/// The 0.3.0 view of a record in a batch, borrowed as [`to_v1`]'s.
+fn to_v3_batch(record: &Record, attempt: u32) -> v3::KinesisRecord<'_> {
+    v3::KinesisRecord {
+        stream: record.stream.as_str(),
+        shard_id: record.shard.as_str(),
+        partition_key: record.partition_key.as_str(),
+        sequence_number: record.sequence.as_str(),
+        sub_sequence_number: record.sub_sequence,
+        approximate_arrival: record.arrival_ms,
+        data: &record.data,
+        attempt,
+        window: None,
+    }
+}
+
+/// The outcome of a run of one record: its first, or a wrong count when
+/// the guest answered none.
+fn first_of(outcomes: Vec<v3::Outcome>) -> Result<Outcome, CallError> {
+    outcomes
+        .into_iter()
+        .next()
+        .map(Outcome::from)
+        .ok_or(CallError::WrongOutcomeCount { got: 0, want: 1 })
 }
 
 /// The error of a call that failed in the guest: out of memory when a
@@ -258,10 +323,7 @@ impl Instance {
             Ok(Some(Ok(outcome))) => Ok(Handled { outcome, outputs }),
             Ok(Some(Err(trap))) => Err(failed(&trap, out_of_memory)),
             Ok(None) => Err(CallError::WrongWorld {
-                implements: match self.exports {
-                    Exports::V1Record(_) | Exports::V2Record(_) => "record-handler",
-                    Exports::V1Batch(_) | Exports::V2Batch(_) => "batch-handler",
-                },
+                implements: self.exports.world(),
             }),
             Err(_) => Err(CallError::Timeout(timeout)),
         }
@@ -277,24 +339,50 @@ impl Instance {
         attempt: u32,
         state: &mut CallState,
     ) -> Result<Handled<Outcome>, CallError> {
-        self.run(
-            CallContext::Record(record.clone()),
-            state,
-            async |exports, store| match exports {
-                Exports::V1Record(h) => Some(
-                    h.call_handle(store, to_v1(record, attempt))
+        let handled = self
+            .run(
+                CallContext::Record(record.clone()),
+                state,
+                async |exports, store| match exports {
+                    Exports::V1Record(h) => Some(
+                        h.call_handle(store, to_v1(record, attempt))
+                            .await
+                            .map(|o| Ok(Outcome::from(o))),
+                    ),
+                    Exports::V2Record(h) => Some(
+                        h.call_handle(store, to_v2(record, attempt))
+                            .await
+                            .map(|o| Ok(Outcome::from(o))),
+                    ),
+                    Exports::V3Record(h) => Some(
+                        h.call_handle_run(
+                            store,
+                            run_context(record),
+                            &[to_v3_run(record, attempt)],
+                        )
                         .await
-                        .map(Outcome::from),
-                ),
-                Exports::V2Record(h) => Some(
-                    h.call_handle(store, to_v2(record, attempt))
+                        .map(first_of),
+                    ),
+                    Exports::V3WindowedRecord(h) => Some(
+                        h.call_handle_run(
+                            store,
+                            run_context(record),
+                            &[to_v3_run(record, attempt)],
+                        )
                         .await
-                        .map(Outcome::from),
-                ),
-                Exports::V1Batch(_) | Exports::V2Batch(_) => None,
-            },
-        )
-        .await
+                        .map(first_of),
+                    ),
+                    Exports::V1Batch(_)
+                    | Exports::V2Batch(_)
+                    | Exports::V3Batch(_)
+                    | Exports::V3WindowedBatch(_) => None,
+                },
+            )
+            .await?;
+        Ok(Handled {
+            outcome: handled.outcome?,
+            outputs: handled.outputs,
+        })
     }
 
     /// Calls `handle-batch` for a batch; one outcome per record, in order.
@@ -333,7 +421,26 @@ impl Instance {
                             .map(|o| o.into_iter().map(Outcome::from).collect::<Vec<_>>()),
                     )
                 }
-                Exports::V1Record(_) | Exports::V2Record(_) => None,
+                Exports::V3Batch(h) => {
+                    let args: Vec<_> = records.iter().map(|(r, a)| to_v3_batch(r, *a)).collect();
+                    Some(
+                        h.call_handle_batch(store, &args)
+                            .await
+                            .map(|o| o.into_iter().map(Outcome::from).collect::<Vec<_>>()),
+                    )
+                }
+                Exports::V3WindowedBatch(h) => {
+                    let args: Vec<_> = records.iter().map(|(r, a)| to_v3_batch(r, *a)).collect();
+                    Some(
+                        h.call_handle_batch(store, &args)
+                            .await
+                            .map(|o| o.into_iter().map(Outcome::from).collect::<Vec<_>>()),
+                    )
+                }
+                Exports::V1Record(_)
+                | Exports::V2Record(_)
+                | Exports::V3Record(_)
+                | Exports::V3WindowedRecord(_) => None,
             })
             .await?;
         if handled.outcome.len() != records.len() {
@@ -362,6 +469,16 @@ impl From<v2::Outcome> for Outcome {
             v2::Outcome::Ack => Outcome::Ack,
             v2::Outcome::Retry(reason) => Outcome::Retry(reason),
             v2::Outcome::Reject(reason) => Outcome::Reject(reason),
+        }
+    }
+}
+
+impl From<v3::Outcome> for Outcome {
+    fn from(outcome: v3::Outcome) -> Self {
+        match outcome {
+            v3::Outcome::Ack => Outcome::Ack,
+            v3::Outcome::Retry(reason) => Outcome::Retry(reason),
+            v3::Outcome::Reject(reason) => Outcome::Reject(reason),
         }
     }
 }

@@ -175,6 +175,10 @@ pub mod guests {
         /// `tests/guests/noop-state` (contract 0.2.0): one state read and
         /// one write per record, then ack (benchmarks).
         pub noop_state: PathBuf,
+        /// `tests/guests/runner` (contract 0.3.0): handles runs, stopping
+        /// at the first record not acked; retries, rejects or traps as each
+        /// record asks.
+        pub runner: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -245,6 +249,7 @@ pub mod guests {
             stateful: out.join("stateful.wasm"),
             stateful_batch: out.join("stateful_batch.wasm"),
             noop_state: out.join("noop_state.wasm"),
+            runner: out.join("runner.wasm"),
         })
     }
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::{CallContext, HostState};
 use crate::plugin::MAX_LOG_MESSAGE;
-use crate::plugin::bindings::{v1, v2};
+use crate::plugin::bindings::{v1, v2, v3};
 
 /// Emits a guest log line at a tracing level chosen at run time (`event!`
 /// needs a constant level, hence one arm per level).
@@ -62,30 +62,26 @@ impl HostState {
     }
 }
 
-impl v1::log::Host for HostState {
-    fn log(&mut self, level: v1::log::Level, message: String) {
-        use v1::log::Level;
-        let level = match level {
-            Level::Trace => tracing::Level::TRACE,
-            Level::Debug => tracing::Level::DEBUG,
-            Level::Info => tracing::Level::INFO,
-            Level::Warn => tracing::Level::WARN,
-            Level::Error => tracing::Level::ERROR,
-        };
-        self.guest_log(level, message);
-    }
+/// The one `log` of every contract version: their generated types
+/// differ, the levels do not.
+macro_rules! log_host {
+    ($version:ident) => {
+        impl $version::log::Host for HostState {
+            fn log(&mut self, level: $version::log::Level, message: String) {
+                use $version::log::Level;
+                let level = match level {
+                    Level::Trace => tracing::Level::TRACE,
+                    Level::Debug => tracing::Level::DEBUG,
+                    Level::Info => tracing::Level::INFO,
+                    Level::Warn => tracing::Level::WARN,
+                    Level::Error => tracing::Level::ERROR,
+                };
+                self.guest_log(level, message);
+            }
+        }
+    };
 }
 
-impl v2::log::Host for HostState {
-    fn log(&mut self, level: v2::log::Level, message: String) {
-        use v2::log::Level;
-        let level = match level {
-            Level::Trace => tracing::Level::TRACE,
-            Level::Debug => tracing::Level::DEBUG,
-            Level::Info => tracing::Level::INFO,
-            Level::Warn => tracing::Level::WARN,
-            Level::Error => tracing::Level::ERROR,
-        };
-        self.guest_log(level, message);
-    }
-}
+log_host!(v1);
+log_host!(v2);
+log_host!(v3);

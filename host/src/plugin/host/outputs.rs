@@ -6,7 +6,7 @@
 use super::HostState;
 use crate::ids::{PartitionKey, StreamName};
 use crate::outputs::Output;
-use crate::plugin::bindings::v2::outputs::{Host, PublishError};
+use crate::plugin::bindings::{v2, v3};
 
 /// Most outputs one call may publish: ten per record of a full 500-record
 /// batch. Bounds what a call holds in host memory (with
@@ -23,14 +23,19 @@ const MAX_PARTITION_KEY_CHARS: usize = 256;
 /// Kinesis's bound on a record: data and partition key together.
 const MAX_RECORD_BYTES: usize = crate::failure::MAX_RECORD_BYTES;
 
-impl Host for HostState {
+/// The one `publish` of every contract version that has `outputs`: their
+/// generated types differ, the rules do not.
+macro_rules! outputs_host {
+    ($version:ident) => {
+        impl $version::outputs::Host for HostState {
     fn publish(
         &mut self,
         input: u32,
         stream: String,
         partition_key: String,
         data: Vec<u8>,
-    ) -> Result<(), PublishError> {
+    ) -> Result<(), $version::outputs::PublishError> {
+        use $version::outputs::PublishError;
         let inputs = self.call.inputs();
         if input as usize >= inputs {
             return Err(PublishError::NoSuchInput(inputs as u32));
@@ -67,3 +72,8 @@ impl Host for HostState {
         Ok(())
     }
 }
+    };
+}
+
+outputs_host!(v2);
+outputs_host!(v3);

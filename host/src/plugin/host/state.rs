@@ -4,32 +4,56 @@
 //! trap.
 
 use super::HostState;
-use crate::plugin::bindings::v2::state::{Host, StateError as Wit};
+use crate::plugin::bindings::{v2, v3};
 use crate::state::StateError;
 
-fn wit(e: StateError) -> Wit {
-    match e {
-        StateError::NotEnabled => Wit::NotEnabled,
-        StateError::NoSuchInput(n) => Wit::NoSuchInput(n),
-        StateError::ValueTooLarge(limit) => Wit::ValueTooLarge(limit),
-        StateError::KeyTooLarge(limit) => Wit::KeyTooLarge(limit),
-    }
+/// The one `state` of every contract version that has it: their
+/// generated types differ, the rules do not.
+macro_rules! state_host {
+    ($version:ident) => {
+        impl From<StateError> for $version::state::StateError {
+            fn from(e: StateError) -> Self {
+                match e {
+                    StateError::NotEnabled => Self::NotEnabled,
+                    StateError::NoSuchInput(n) => Self::NoSuchInput(n),
+                    StateError::ValueTooLarge(limit) => Self::ValueTooLarge(limit),
+                    StateError::KeyTooLarge(limit) => Self::KeyTooLarge(limit),
+                }
+            }
+        }
+
+        impl $version::state::Host for HostState {
+            fn get(
+                &mut self,
+                input: u32,
+                name: String,
+            ) -> Result<Option<Vec<u8>>, $version::state::StateError> {
+                Ok(self.state.get(input, &name)?)
+            }
+
+            fn set(
+                &mut self,
+                input: u32,
+                name: String,
+                value: Vec<u8>,
+            ) -> Result<(), $version::state::StateError> {
+                Ok(self.state.set(input, &name, value)?)
+            }
+
+            fn delete(
+                &mut self,
+                input: u32,
+                name: String,
+            ) -> Result<(), $version::state::StateError> {
+                Ok(self.state.delete(input, &name)?)
+            }
+
+            fn names(&mut self, input: u32) -> Result<Vec<String>, $version::state::StateError> {
+                Ok(self.state.names(input)?)
+            }
+        }
+    };
 }
 
-impl Host for HostState {
-    fn get(&mut self, input: u32, name: String) -> Result<Option<Vec<u8>>, Wit> {
-        self.state.get(input, &name).map_err(wit)
-    }
-
-    fn set(&mut self, input: u32, name: String, value: Vec<u8>) -> Result<(), Wit> {
-        self.state.set(input, &name, value).map_err(wit)
-    }
-
-    fn delete(&mut self, input: u32, name: String) -> Result<(), Wit> {
-        self.state.delete(input, &name).map_err(wit)
-    }
-
-    fn names(&mut self, input: u32) -> Result<Vec<String>, Wit> {
-        self.state.names(input).map_err(wit)
-    }
-}
+state_host!(v2);
+state_host!(v3);

@@ -4,7 +4,7 @@
 
 wit_bindgen::generate!({
     world: "record-handler",
-    path: "../../../wit",
+    path: "../../../wit/v0.2.0",
     generate_all,
 });
 

@@ -15,7 +15,7 @@
 
 wit_bindgen::generate!({
     world: "shardlane:plugin/record-handler@0.2.0",
-    path: "../../../wit",
+    path: "../../../wit/v0.2.0",
     generate_all,
 });
 
