@@ -402,41 +402,25 @@ impl Instance {
             first: first.clone(),
             len: records.len(),
         };
+        // One call shape for every batch world: the records in the
+        // version's view (the same layout on both sides: collected in
+        // place), the outcomes back in dispatch's.
+        macro_rules! call_batch {
+            ($h:expr, $view:expr, $store:expr) => {{
+                let args: Vec<_> = records.iter().map(|(r, a)| $view(r, *a)).collect();
+                Some(
+                    $h.call_handle_batch($store, &args)
+                        .await
+                        .map(|o| o.into_iter().map(Outcome::from).collect::<Vec<_>>()),
+                )
+            }};
+        }
         let handled = self
             .run(call, state, async |exports, store| match exports {
-                Exports::V1Batch(h) => {
-                    let args: Vec<_> = records.iter().map(|(r, a)| to_v1(r, *a)).collect();
-                    // Same layout on both sides: collected in place.
-                    Some(
-                        h.call_handle_batch(store, &args)
-                            .await
-                            .map(|o| o.into_iter().map(Outcome::from).collect::<Vec<_>>()),
-                    )
-                }
-                Exports::V2Batch(h) => {
-                    let args: Vec<_> = records.iter().map(|(r, a)| to_v2(r, *a)).collect();
-                    Some(
-                        h.call_handle_batch(store, &args)
-                            .await
-                            .map(|o| o.into_iter().map(Outcome::from).collect::<Vec<_>>()),
-                    )
-                }
-                Exports::V3Batch(h) => {
-                    let args: Vec<_> = records.iter().map(|(r, a)| to_v3_batch(r, *a)).collect();
-                    Some(
-                        h.call_handle_batch(store, &args)
-                            .await
-                            .map(|o| o.into_iter().map(Outcome::from).collect::<Vec<_>>()),
-                    )
-                }
-                Exports::V3WindowedBatch(h) => {
-                    let args: Vec<_> = records.iter().map(|(r, a)| to_v3_batch(r, *a)).collect();
-                    Some(
-                        h.call_handle_batch(store, &args)
-                            .await
-                            .map(|o| o.into_iter().map(Outcome::from).collect::<Vec<_>>()),
-                    )
-                }
+                Exports::V1Batch(h) => call_batch!(h, to_v1, store),
+                Exports::V2Batch(h) => call_batch!(h, to_v2, store),
+                Exports::V3Batch(h) => call_batch!(h, to_v3_batch, store),
+                Exports::V3WindowedBatch(h) => call_batch!(h, to_v3_batch, store),
                 Exports::V1Record(_)
                 | Exports::V2Record(_)
                 | Exports::V3Record(_)
