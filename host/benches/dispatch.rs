@@ -450,6 +450,7 @@ fn main() -> anyhow::Result<()> {
     let timeout = Duration::from_secs(30);
     let noop = Arc::new(host.load(&guests.noop, "bench".into(), timeout, sandbox())?);
     let noop_batch = Arc::new(host.load(&guests.noop_batch, "bench".into(), timeout, sandbox())?);
+    let noop_run = Arc::new(host.load(&guests.noop_run, "bench".into(), timeout, sandbox())?);
 
     let modes: Vec<(&str, DispatchMode, Option<usize>, usize)> = vec![
         ("sequential", DispatchMode::Sequential, None, 400_000),
@@ -477,7 +478,21 @@ fn main() -> anyhow::Result<()> {
         "{:<34} {:>14} {:>14} {:>12}",
         "mode", "wasm rec/s", "native rec/s", "wasm/native"
     );
-    for (name, mode, batch, count) in modes {
+    let runs: Vec<(&str, DispatchMode, Option<usize>, usize)> = vec![
+        (
+            "0.3.0 runs, sequential",
+            DispatchMode::Sequential,
+            None,
+            400_000,
+        ),
+        (
+            "0.3.0 runs, workers = 4, by_key",
+            DispatchMode::ByKey(4),
+            None,
+            400_000,
+        ),
+    ];
+    for (name, mode, batch, count) in modes.into_iter().chain(runs) {
         if filter.as_deref().is_some_and(|f| !name.contains(f)) {
             continue;
         }
@@ -487,6 +502,8 @@ fn main() -> anyhow::Result<()> {
             let recs = records(count);
             if batch.is_some() {
                 runtime.block_on(run(sub.clone(), noop_batch.clone(), recs))
+            } else if name.starts_with("0.3.0") {
+                runtime.block_on(run(sub.clone(), noop_run.clone(), recs))
             } else {
                 runtime.block_on(run(sub.clone(), noop.clone(), recs))
             }

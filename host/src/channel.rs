@@ -156,13 +156,25 @@ impl DeliveryReceiver {
     /// The next delivery; an error once the channel is closed and empty.
     pub(crate) async fn recv(&self) -> Result<Delivery, RecvError> {
         let delivery = self.rx.recv().await?;
+        self.made_room();
+        Ok(delivery)
+    }
+
+    /// The next delivery if one is waiting (a lane filling a run).
+    pub(crate) fn try_recv(&self) -> Option<Delivery> {
+        let delivery = self.rx.try_recv().ok()?;
+        self.made_room();
+        Some(delivery)
+    }
+
+    /// Wakes waiting senders once the channel has drained to half.
+    fn made_room(&self) {
         if self.rx.len() <= self.low_water
             && self.room.waiting.load(Ordering::SeqCst)
             && self.room.waiting.swap(false, Ordering::SeqCst)
         {
             self.room.notify.notify_waiters();
         }
-        Ok(delivery)
     }
 
     /// Deliveries waiting.

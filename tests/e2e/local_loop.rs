@@ -44,10 +44,11 @@ impl Run {
             .collect()
     }
 
-    /// Each record's outcomes, attempt by attempt, by `shard/sequence`.
+    /// Each record's outcomes, attempt by attempt, by `shard/sequence`
+    /// (a record a run did not reach has none in that call).
     fn outcomes(&self) -> BTreeMap<String, Vec<(u64, Json)>> {
         let mut by_record: BTreeMap<String, Vec<(u64, Json)>> = BTreeMap::new();
-        for call in self.calls() {
+        for call in self.calls().into_iter().filter(|c| !c["outcome"].is_null()) {
             by_record
                 .entry(format!(
                     "{}/{}",

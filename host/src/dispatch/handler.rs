@@ -110,6 +110,35 @@ pub(crate) trait Handler: Send + 'static {
         state: &mut CallState,
     ) -> impl Future<Output = Result<Handled<Vec<Outcome>>, CallError>> + Send;
 
+    /// Most records one [`Handler::handle_run`] call takes: 1 (the
+    /// default) for a handler that takes one record per call.
+    fn max_run(&self) -> usize {
+        1
+    }
+
+    /// Handles a run: consecutive records of one shard, in lane order,
+    /// stopping after the first that is not acked. Returns the outcomes of
+    /// the records it handled, a prefix of the run (at least one); the
+    /// lane delivers the rest again after them. `state` as for
+    /// [`Handler::handle_batch`]. The default handles the first record
+    /// alone.
+    fn handle_run(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+        state: &mut CallState,
+    ) -> impl Future<Output = Result<Handled<Vec<Outcome>>, CallError>> + Send {
+        async move {
+            let Some((record, attempt)) = records.first() else {
+                return Ok(Handled::new(Vec::new()));
+            };
+            let Handled { outcome, outputs } = self.handle(record, *attempt, state).await?;
+            Ok(Handled {
+                outcome: vec![outcome],
+                outputs,
+            })
+        }
+    }
+
     /// The plugin version that handles `record` in this instance (with a
     /// canary it depends on the key); named in dead-letter envelopes.
     /// `None` for a handler that is not a plugin.

@@ -24,6 +24,22 @@
 //! cuts any wait or call short, leaving what was cut off unsettled.
 //!
 //! A lone record's ack goes to settlement in bulk with others ([`acks`]).
+//!
+//! # Runs
+//! In record mode, a handler that takes runs (a 0.3.0 `record-handler`:
+//! [`Handler::max_run`] > 1) is handed, with the record the lane took,
+//! what already waits behind it in the lane's inbox of the same shard, up
+//! to its `max_run` and [`MAX_RUN_BYTES`] — never waiting for more, so a
+//! run adds no latency. The handler answers a prefix: it stops after the
+//! first record that is not acked. The lane applies those outcomes as
+//! above, and the records after the prefix were never handled: they go
+//! again, after a retried record and before anything new, without an
+//! attempt counted — so a `retry` still re-delivers that record before
+//! anything after it on the lane, attempts count per record, and
+//! settlement sees what it sees one record per call. A run that fails
+//! whole (a trap, a timeout, an empty answer) cannot say which record
+//! failed: its records go again one per call, none counting an attempt,
+//! and each then fails or succeeds on its own.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -66,6 +82,10 @@ const DEAD_LETTER_BACKOFF: (Duration, Duration) =
 /// A blocked record is logged at its first blocked attempt and every this
 /// many after.
 const BLOCKED_LOG_EVERY: u32 = 10;
+
+/// Most bytes (data and partition keys) of a run: what one call lowers
+/// into the guest stays bounded, as a batch's does (see "Runs").
+const MAX_RUN_BYTES: usize = 1 << 20;
 
 pub(super) struct Lane<F: HandlerFactory> {
     id: LaneId,
@@ -185,26 +205,53 @@ impl<F: HandlerFactory> Lane<F> {
         // a waiter each time.
         let stopped = hard_stop.cancelled();
         tokio::pin!(stopped);
+        // Taken while filling a run, but of another shard: the next one.
+        let mut next: Option<Delivery> = None;
         loop {
-            if self.held_acks.due(inbox.len() == 0, Instant::now()) {
+            if self
+                .held_acks
+                .due(inbox.len() == 0 && next.is_none(), Instant::now())
+            {
                 self.send_acks().await;
             }
-            let delivery = tokio::select! {
-                biased;
-                _ = &mut stopped => break,
-                d = inbox.recv() => match d {
-                    Ok(d) => d,
-                    Err(_) => break,
+            let delivery = match next.take() {
+                Some(d) => d,
+                None => tokio::select! {
+                    biased;
+                    _ = &mut stopped => break,
+                    d = inbox.recv() => match d {
+                        Ok(d) => d,
+                        Err(_) => break,
+                    },
                 },
             };
             let mut group = std::mem::take(&mut self.spare);
             group.push(Item::from(delivery));
+            next = self.fill_run(&mut group, &inbox);
             if !self.deliver(group, &hard_stop).await {
                 break;
             }
         }
         // Acked is acked, even when cut off.
         self.send_acks().await;
+    }
+
+    /// Adds to a lone record what waits behind it of the same shard, up to
+    /// what the handler takes in one call ([`Handler::max_run`]) and
+    /// [`MAX_RUN_BYTES`] (see "Runs"); returns a delivery it took that
+    /// belongs to another shard.
+    fn fill_run(&self, group: &mut Vec<Item>, inbox: &DeliveryReceiver) -> Option<Delivery> {
+        let max = self.handler.as_ref().map_or(1, Handler::max_run);
+        let mut bytes = lowered_bytes(&group[0].record);
+        while group.len() < max && bytes < MAX_RUN_BYTES {
+            let delivery = inbox.try_recv()?;
+            if delivery.record.shard != group[0].record.shard {
+                return Some(delivery);
+            }
+            bytes += lowered_bytes(&delivery.record);
+            group.push(Item::from(delivery));
+        }
+        None
     }
 
     /// Holds a lone record's ack ([`acks`]), sending them all once full.
@@ -309,8 +356,9 @@ impl<F: HandlerFactory> Lane<F> {
         hard_stop: &CancellationToken,
     ) -> Option<Result<Answer, CallError>> {
         let batches = self.subscription.batch.is_some();
+        let many = batches || group.len() > 1;
         let mut args = std::mem::take(&mut self.args);
-        let span = if batches {
+        let span = if many {
             args.clear();
             args.extend(group.iter().map(|i| (i.record.clone(), i.attempt)));
             spans::process_batch(&self.subscription, self.id, &args)
@@ -349,6 +397,19 @@ impl<F: HandlerFactory> Lane<F> {
                         Ok(Answer { outcomes: Outcomes::Many(outcome.into_iter()), outputs, state })
                     } else {
                         Err(CallError::WrongOutcomeCount { got: outcome.len(), want: group.len() })
+                    }
+                })),
+            }
+        } else if many {
+            tokio::select! {
+                _ = hard_stop.cancelled() => None,
+                r = handler.handle_run(&args, &mut state).instrument(span) => Some(r.and_then(|Handled { mut outcome, outputs }| {
+                    // A prefix of the run, at least one (see "Runs").
+                    outcome.truncate(group.len());
+                    if outcome.is_empty() {
+                        Err(CallError::WrongOutcomeCount { got: 0, want: 1 })
+                    } else {
+                        Ok(Answer { outcomes: Outcomes::Many(outcome.into_iter()), outputs, state })
                     }
                 })),
             }
@@ -417,6 +478,8 @@ impl<F: HandlerFactory> Lane<F> {
                     Err(Stopped) => return false,
                     // Halved: the first half goes next, without waiting.
                     Ok(Split::Halved) => group = groups.pop_front().unwrap_or_default(),
+                    // The rest of a run: next, without waiting.
+                    Ok(Split::Rest) => {}
                     Ok(Split::No) => {
                         if !group.is_empty() {
                             self.send_acks().await;
@@ -464,7 +527,16 @@ impl<F: HandlerFactory> Lane<F> {
             mut state,
         } = answer;
         let mut outputs = OutputsByInput::new(outputs);
-        for (index, (item, outcome)) in group.drain(..).zip(outcomes).enumerate() {
+        let mut outcomes = outcomes;
+        // The records a run did not answer (see "Runs").
+        let mut rest = Vec::new();
+        let mut items = group.drain(..).enumerate();
+        while let Some((index, item)) = items.next() {
+            let Some(outcome) = outcomes.next() else {
+                rest.push(item);
+                rest.extend(items.by_ref().map(|(_, item)| item));
+                break;
+            };
             // Only an acking attempt publishes: its outputs go on with it,
             // every other outcome's are dropped here.
             let published = outputs.take(index);
@@ -493,24 +565,7 @@ impl<F: HandlerFactory> Lane<F> {
                         acked.push(item.ticket);
                     }
                 }
-                Outcome::Reject(reason) => {
-                    let reason = guest_reason(reason);
-                    self.metrics.rejected.inc();
-                    let version = self.version_of(&item.record);
-                    let policy = self.policy.clone();
-                    let reason = format!("rejected: {reason}");
-                    if !Box::pin(self.give_up(
-                        item,
-                        policy.after_reject(),
-                        &reason,
-                        version,
-                        hard_stop,
-                    ))
-                    .await
-                    {
-                        return Err(Stopped);
-                    }
-                }
+                Outcome::Reject(reason) => Box::pin(self.rejected(item, reason, hard_stop)).await?,
                 Outcome::Retry(reason) => {
                     let reason = guest_reason(reason);
                     self.metrics.retried.inc();
@@ -528,15 +583,32 @@ impl<F: HandlerFactory> Lane<F> {
                 }
             }
         }
+        drop(items);
         if !acked.is_empty() {
             self.settle(SettlementMsg::SettleMany(acked)).await;
         }
-        // `group` is empty now: the records to retry take its place (its
-        // buffer is reused when nothing is retried).
-        if !again.is_empty() {
-            *group = again;
+        Ok(regroup(group, again, rest))
+    }
+
+    /// A record the handler rejected: given up by the policy's reject rule.
+    async fn rejected(
+        &mut self,
+        item: Item,
+        reason: String,
+        hard_stop: &CancellationToken,
+    ) -> Result<(), Stopped> {
+        let reason = format!("rejected: {}", guest_reason(reason));
+        self.metrics.rejected.inc();
+        let version = self.version_of(&item.record);
+        let policy = self.policy.clone();
+        if self
+            .give_up(item, policy.after_reject(), &reason, version, hard_stop)
+            .await
+        {
+            Ok(())
+        } else {
+            Err(Stopped)
         }
-        Ok(Split::No)
     }
 
     /// A call for `group` failed: recycles the instance when the failure
@@ -553,6 +625,14 @@ impl<F: HandlerFactory> Lane<F> {
         let versions: Vec<Option<PluginDigest>> =
             group.iter().map(|i| self.version_of(&i.record)).collect();
         let reason = self.failed_call(error, &group[0].record, group[0].attempt, group.len());
+        if self.subscription.batch.is_none() && group.len() > 1 {
+            // A run failed whole: which record failed is not known, so each
+            // goes again alone, none counting an attempt (see "Runs").
+            for item in group.drain(..).rev() {
+                groups.push_front(vec![item]);
+            }
+            return Ok(Split::Halved);
+        }
         if matches!(error, CallError::OutOfMemory(_)) && group.len() > 1 {
             // Too big for the guest's memory (often the host lowering it):
             // the same batch would fail every time, so it is halved until it
@@ -644,12 +724,31 @@ impl<F: HandlerFactory> Lane<F> {
     }
 }
 
+/// After an answered call: the records to retry, then those a run did not
+/// answer, take the (empty) group's place — its buffer is reused when
+/// there are none; unanswered records after no retry go on at once.
+fn regroup(group: &mut Vec<Item>, mut again: Vec<Item>, mut rest: Vec<Item>) -> Split {
+    let retried = !again.is_empty();
+    again.append(&mut rest);
+    if !again.is_empty() {
+        *group = again;
+    }
+    if retried || group.is_empty() {
+        Split::No
+    } else {
+        Split::Rest
+    }
+}
+
 /// How a failed or answered call left its group.
 enum Split {
     /// Not split: what remains in the group is tried again after a backoff.
     No,
-    /// Halved for memory: the halves go next, at once, no attempt counted.
+    /// Halved for memory (or a failed run split into its records): the
+    /// parts go next, at once, no attempt counted.
     Halved,
+    /// What a run did not answer goes next, at once (see "Runs").
+    Rest,
     /// Bisected: the halves go next, after a backoff, attempts counted.
     Bisected,
 }

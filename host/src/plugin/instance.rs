@@ -276,6 +276,27 @@ fn first_of(outcomes: Vec<v3::Outcome>) -> Result<Outcome, CallError> {
         .ok_or(CallError::WrongOutcomeCount { got: 0, want: 1 })
 }
 
+/// A run's answer in dispatch's terms: at least one outcome, and only the
+/// outputs of the records it answered (the rest go again).
+fn answered(handled: Handled<Vec<v3::Outcome>>) -> Result<Handled<Vec<Outcome>>, CallError> {
+    if handled.outcome.is_empty() {
+        return Err(CallError::WrongOutcomeCount { got: 0, want: 1 });
+    }
+    let answered = handled.outcome.len();
+    Ok(Handled {
+        outcome: handled.outcome.into_iter().map(Outcome::from).collect(),
+        outputs: handled
+            .outputs
+            .into_iter()
+            .filter(|o| (o.input as usize) < answered)
+            .collect(),
+    })
+}
+
+/// Most records of one `handle-run` call: the lane hands over at most
+/// this many waiting records of one shard.
+pub(crate) const MAX_RUN: usize = 64;
+
 /// The error of a call that failed in the guest: out of memory when a
 /// memory growth was refused during it, a trap otherwise.
 fn failed(trap: &wasmtime::Error, out_of_memory: bool) -> CallError {
@@ -309,7 +330,21 @@ impl Instance {
         state: &mut CallState,
         guest: impl AsyncFnOnce(&Exports, &mut Store<HostState>) -> Option<wasmtime::Result<T>>,
     ) -> Result<Handled<T>, CallError> {
-        let timeout = self.timeout;
+        self.run_for(1, call, state, guest).await
+    }
+
+    /// [`Self::run`] for a call of `records` records: `handler_timeout`
+    /// bounds each, so the call may take that many times it.
+    async fn run_for<T>(
+        &mut self,
+        records: usize,
+        call: CallContext,
+        state: &mut CallState,
+        guest: impl AsyncFnOnce(&Exports, &mut Store<HostState>) -> Option<wasmtime::Result<T>>,
+    ) -> Result<Handled<T>, CallError> {
+        let timeout = self
+            .timeout
+            .saturating_mul(u32::try_from(records.max(1)).unwrap_or(u32::MAX));
         self.refuel()?;
         let deadline = tokio::time::Instant::now() + timeout;
         self.store
@@ -383,6 +418,49 @@ impl Instance {
             outcome: handled.outcome?,
             outputs: handled.outputs,
         })
+    }
+
+    /// Calls `handle-run` for a run of one shard's records (a 0.3.0
+    /// `record-handler`); the outcomes of the prefix it handled, cut after
+    /// the first that is not `ack` (the contract's rule, kept whatever the
+    /// guest answers).
+    ///
+    /// # Errors
+    /// [`CallError`] on a trap or timeout (the instance must then be
+    /// dropped), or an empty answer.
+    pub async fn handle_run(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+        state: &mut CallState,
+    ) -> Result<Handled<Vec<Outcome>>, CallError> {
+        let Some((first, _)) = records.first() else {
+            return Ok(Handled::new(Vec::new()));
+        };
+        let call = CallContext::Batch {
+            first: first.clone(),
+            len: records.len(),
+        };
+        let context = run_context(first);
+        let mut handled = self
+            .run_for(records.len(), call, state, async |exports, store| {
+                let args: Vec<_> = records.iter().map(|(r, a)| to_v3_run(r, *a)).collect();
+                Some(match exports {
+                    Exports::V3Record(h) => h.call_handle_run(store, context, &args).await,
+                    Exports::V3WindowedRecord(h) => h.call_handle_run(store, context, &args).await,
+                    _ => return None,
+                })
+            })
+            .await?;
+        let Some(stop) = handled
+            .outcome
+            .iter()
+            .position(|o| !matches!(o, v3::Outcome::Ack))
+        else {
+            handled.outcome.truncate(records.len());
+            return answered(handled);
+        };
+        handled.outcome.truncate((stop + 1).min(records.len()));
+        answered(handled)
     }
 
     /// Calls `handle-batch` for a batch; one outcome per record, in order.
@@ -483,6 +561,21 @@ impl Handler for Instance {
         state: &mut CallState,
     ) -> impl Future<Output = Result<Handled<Vec<Outcome>>, CallError>> + Send {
         Instance::handle_batch(self, records, state)
+    }
+
+    fn max_run(&self) -> usize {
+        match self.exports {
+            Exports::V3Record(_) | Exports::V3WindowedRecord(_) => MAX_RUN,
+            _ => 1,
+        }
+    }
+
+    fn handle_run(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+        state: &mut CallState,
+    ) -> impl Future<Output = Result<Handled<Vec<Outcome>>, CallError>> + Send {
+        Instance::handle_run(self, records, state)
     }
 
     fn version(&self, _record: &Record) -> Option<PluginDigest> {

@@ -263,6 +263,35 @@ impl Handler for SlotInstance {
         result
     }
 
+    /// Runs only while one version serves every key and no shadow
+    /// watches: a canary splits by key and a shadow compares call by call,
+    /// one record each.
+    fn max_run(&self) -> usize {
+        if self.canary.is_none() && self.shadow.is_none() {
+            self.stable.max_run()
+        } else {
+            1
+        }
+    }
+
+    async fn handle_run(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+        state: &mut CallState,
+    ) -> Result<Handled<Vec<Outcome>>, CallError> {
+        if self.max_run() > 1 {
+            return self.stable.handle_run(records, state).await;
+        }
+        let Some((record, attempt)) = records.first() else {
+            return Ok(Handled::new(Vec::new()));
+        };
+        let Handled { outcome, outputs } = self.handle(record, *attempt, state).await?;
+        Ok(Handled {
+            outcome: vec![outcome],
+            outputs,
+        })
+    }
+
     fn version(&self, record: &Record) -> Option<PluginDigest> {
         Some(match (&self.canary, self.role_for(record)) {
             (Some(canary), Role::Candidate) => canary.instance.digest().clone(),

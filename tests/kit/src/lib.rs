@@ -179,6 +179,9 @@ pub mod guests {
         /// at the first record not acked; retries, rejects or traps as each
         /// record asks.
         pub runner: PathBuf,
+        /// `tests/guests/noop-run` (contract 0.3.0): acks every record of
+        /// every run (benchmarks).
+        pub noop_run: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -250,6 +253,7 @@ pub mod guests {
             stateful_batch: out.join("stateful_batch.wasm"),
             noop_state: out.join("noop_state.wasm"),
             runner: out.join("runner.wasm"),
+            noop_run: out.join("noop_run.wasm"),
         })
     }
 }

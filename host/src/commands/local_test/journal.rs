@@ -124,16 +124,21 @@ impl Journal {
         let batch = records.len() > 1;
         let mut text = Vec::new();
         if batch {
-            text.push(format!("batch of {} (lane {})", records.len(), lane.0));
+            text.push(format!(
+                "{} records in one call (lane {})",
+                records.len(),
+                lane.0
+            ));
         }
         let indent = if batch { "  " } else { "" };
         let writes = state.deltas();
         let mut entries = Vec::new();
         for (index, (record, attempt)) in records.iter().enumerate() {
             let said = match &answer {
-                Ok((outcomes, _)) => outcomes
-                    .get(index)
-                    .map_or_else(|| "no outcome (the call fails)".to_owned(), outcome_text),
+                Ok((outcomes, _)) => outcomes.get(index).map_or_else(
+                    || "not reached (the run stopped before it: delivered again)".to_owned(),
+                    outcome_text,
+                ),
                 Err(e) => format!("failed: {e}"),
             };
             let acked = matches!(&answer, Ok((o, _)) if o.get(index) == Some(&Outcome::Ack));
@@ -329,6 +334,24 @@ impl<H: Handler> Handler for JournaledHandler<H> {
         state: &mut CallState,
     ) -> Result<Handled<Vec<Outcome>>, CallError> {
         let result = self.inner.handle_batch(records, state).await;
+        let answer = match &result {
+            Ok(h) => Ok((h.outcome.clone(), h.outputs.as_slice())),
+            Err(e) => Err(e),
+        };
+        self.journal.call(self.lane, records, answer, state);
+        result
+    }
+
+    fn max_run(&self) -> usize {
+        self.inner.max_run()
+    }
+
+    async fn handle_run(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+        state: &mut CallState,
+    ) -> Result<Handled<Vec<Outcome>>, CallError> {
+        let result = self.inner.handle_run(records, state).await;
         let answer = match &result {
             Ok(h) => Ok((h.outcome.clone(), h.outputs.as_slice())),
             Err(e) => Err(e),

@@ -29,6 +29,7 @@ use crate::telemetry::Telemetry;
 mod batches;
 mod outputs;
 mod quarantine;
+mod runs;
 
 /// One scripted answer; when the script runs out, everything is acked.
 enum Step {
@@ -37,6 +38,8 @@ enum Step {
     /// An answer with outputs.
     OneWith(Outcome, Vec<Output>),
     BatchWith(Vec<Outcome>, Vec<Output>),
+    /// A run's answer: a prefix of outcomes.
+    Run(Result<Vec<Outcome>, CallError>),
 }
 
 /// One call as the handler saw it: `(offset, attempt)` per record, and the
@@ -53,6 +56,8 @@ struct Script {
     calls: Mutex<Vec<Call>>,
     instances: AtomicUsize,
     generation: AtomicU64,
+    /// What `max_run` says (0: the default, one record per call).
+    max_run: AtomicUsize,
 }
 
 impl Script {
@@ -92,8 +97,8 @@ impl Handler for Scripted {
             None => Ok(Handled::new(Outcome::Ack)),
             Some(Step::One(answer)) => answer.map(Handled::new),
             Some(Step::OneWith(outcome, outputs)) => Ok(Handled { outcome, outputs }),
-            Some(Step::Batch(_) | Step::BatchWith(..)) => {
-                panic!("a batch answer scripted for a record call")
+            Some(Step::Batch(_) | Step::BatchWith(..) | Step::Run(_)) => {
+                panic!("a batch or run answer scripted for a record call")
             }
         }
     }
@@ -111,9 +116,29 @@ impl Handler for Scripted {
             None => Ok(Handled::new(records.iter().map(|_| Outcome::Ack).collect())),
             Some(Step::Batch(answer)) => answer.map(Handled::new),
             Some(Step::BatchWith(outcome, outputs)) => Ok(Handled { outcome, outputs }),
-            Some(Step::One(_) | Step::OneWith(..)) => {
-                panic!("a record answer scripted for a batch call")
+            Some(Step::One(_) | Step::OneWith(..) | Step::Run(_)) => {
+                panic!("a record or run answer scripted for a batch call")
             }
+        }
+    }
+
+    fn max_run(&self) -> usize {
+        self.script.max_run.load(Ordering::SeqCst).max(1)
+    }
+
+    async fn handle_run(
+        &mut self,
+        records: &[(Arc<Record>, u32)],
+        _state: &mut CallState,
+    ) -> Result<Handled<Vec<Outcome>>, CallError> {
+        self.script.calls.lock().unwrap().push(Call {
+            records: records.iter().map(|(r, a)| (offset_of(r), *a)).collect(),
+            instance: self.instance,
+        });
+        match self.script.next() {
+            None => Ok(Handled::new(records.iter().map(|_| Outcome::Ack).collect())),
+            Some(Step::Run(answer)) => answer.map(Handled::new),
+            Some(_) => panic!("a record or batch answer scripted for a run call"),
         }
     }
 
