@@ -25,7 +25,7 @@ use shardlane::bench::{
     Handled, Handler, HandlerFactory, KinesisError, LaneId, OnFailure, Outcome, Output,
     OutputStage, PUBLISH_QUEUE, Policy, Position, Publish, PutRecords, ReadMode, Record,
     SETTLEMENT_QUEUE, SandboxConfig, SequenceNumber, SessionId, Settlement, SettlementMsg,
-    StartPosition, SubscriptionConfig, Telemetry, Ticket, channel,
+    StartPosition, SubscriptionConfig, Telemetry, Ticket, WindowClose, channel,
 };
 use shardlane::{PartitionKey, PluginHost, ShardId, StreamName, defaults};
 use tokio::sync::mpsc;
@@ -55,6 +55,15 @@ impl Handler for NativeNoop {
         _state: &mut CallState,
     ) -> Result<Handled<Vec<Outcome>>, CallError> {
         Ok(Handled::new(records.iter().map(|_| Outcome::Ack).collect()))
+    }
+
+    async fn close_window(
+        &mut self,
+        _close: &Arc<WindowClose>,
+        _attempt: u32,
+        _state: &mut CallState,
+    ) -> Result<Handled<Outcome>, CallError> {
+        Ok(Handled::new(Outcome::Ack))
     }
 }
 
@@ -108,6 +117,15 @@ impl Handler for NativePublish {
                 .collect(),
         })
     }
+
+    async fn close_window(
+        &mut self,
+        _close: &Arc<WindowClose>,
+        _attempt: u32,
+        _state: &mut CallState,
+    ) -> Result<Handled<Outcome>, CallError> {
+        Ok(Handled::new(Outcome::Ack))
+    }
 }
 
 impl HandlerFactory for NativePublish {
@@ -160,6 +178,7 @@ impl PutRecords for LocalSink {
 
 fn subscription(dispatch: DispatchMode, batch: Option<usize>) -> Arc<SubscriptionConfig> {
     Arc::new(SubscriptionConfig {
+        window: None,
         name: "bench".into(),
         stream: "bench".into(),
         plugin: "bench.wasm".into(),
@@ -301,6 +320,7 @@ fn records(count: usize) -> Vec<Arc<Record>> {
     (0..count)
         .map(|i| {
             Arc::new(Record {
+                window: None,
                 stream: stream.clone(),
                 shard: shards[i % SHARDS].clone(),
                 partition_key: keys[i % KEYS].clone(),
@@ -682,6 +702,7 @@ fn languages(runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let batch: Vec<(Arc<Record>, u32)> = (0..500)
         .map(|i| {
             let r = Arc::new(Record {
+                window: None,
                 stream: base.stream.clone(),
                 shard: base.shard.clone(),
                 partition_key: base.partition_key.clone(),
@@ -770,6 +791,7 @@ fn recycle_cost(
     let chaos = host.load(&guests.chaos, "bench".into(), timeout, sandbox())?;
     let base = records(1).remove(0);
     let trap = Arc::new(Record {
+        window: None,
         stream: base.stream.clone(),
         shard: base.shard.clone(),
         partition_key: base.partition_key.clone(),

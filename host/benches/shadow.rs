@@ -46,6 +46,7 @@ fn record(i: usize) -> Arc<Record> {
     let mut data = b"sleep=1000;".to_vec();
     data.resize(RECORD_BYTES, b'x');
     Arc::new(Record {
+        window: None,
         stream: StreamName::from("bench"),
         shard: ShardId::from("shardId-000000000000"),
         partition_key: PartitionKey::new(format!("k{}", i % 16)),

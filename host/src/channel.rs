@@ -43,8 +43,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_channel::{RecvError, SendError, TrySendError};
 use tokio::sync::Notify;
 
-use crate::ids::{PartitionKey, SequenceNumber, ShardId, StreamName};
+use crate::ids::{PartitionKey, Position, SequenceNumber, SessionId, ShardId, StreamName};
 use crate::progress::Ticket;
+use crate::windows::Window;
 
 /// Deliveries the channel holds before readers wait. 64 keeps a few
 /// milliseconds of work queued for the handlers (so they never starve while
@@ -72,6 +73,9 @@ pub struct Record {
     pub arrival_ms: u64,
     /// The payload.
     pub data: Vec<u8>,
+    /// The window it falls in, for a subscription with `window` (set by
+    /// its reader; `None` without one, or when it came too late).
+    pub window: Option<Window>,
 }
 
 /// A record on its way to a handler, with the ticket that settles it.
@@ -82,6 +86,59 @@ pub(crate) struct Delivery {
     pub record: Arc<Record>,
     /// Where it settles.
     pub ticket: Ticket,
+}
+
+/// What travels in the channel: a record, or the close of a window that
+/// its reader decided (see the reader's `windowing` module) between two
+/// records, in shard order.
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) enum Work {
+    /// A record to handle.
+    Record(Delivery),
+    /// A window to close.
+    Close(Arc<WindowClose>),
+}
+
+impl From<Delivery> for Work {
+    fn from(delivery: Delivery) -> Self {
+        Work::Record(delivery)
+    }
+}
+
+impl Work {
+    /// The partition key by_key lanes route it by: a record's, or the
+    /// first key of a close (with `by = "key"` its only one).
+    pub(crate) fn routing_key(&self) -> Option<&PartitionKey> {
+        match self {
+            Work::Record(d) => Some(&d.record.partition_key),
+            Work::Close(c) => c.keys.first(),
+        }
+    }
+}
+
+/// A window's close on its way to a lane: one per window of a shard, or
+/// one per key of it (`by = "key"`).
+#[derive(Debug)]
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct WindowClose {
+    /// The stream.
+    pub stream: StreamName,
+    /// The shard the window closed on.
+    pub shard: ShardId,
+    /// The reader session that closed it (state is staged in it).
+    pub session: SessionId,
+    /// The window.
+    pub window: Window,
+    /// The keys it is for, in the order their first record came.
+    pub keys: Vec<PartitionKey>,
+    /// Where its state writes are staged: the last record handed out before
+    /// it, so that they commit with the checkpoint that passes the window.
+    pub stage_at: Position,
+    /// Its window's hold (see the reader's `windowing` module): the
+    /// reader retained it once for this close, which settles it once when
+    /// done.
+    pub hold: Ticket,
 }
 
 /// What a full channel's senders wait on (module docs).
@@ -97,21 +154,22 @@ struct Room {
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) struct DeliverySender {
-    tx: async_channel::Sender<Delivery>,
+    tx: async_channel::Sender<Work>,
     room: Arc<Room>,
 }
 
 impl DeliverySender {
-    /// Puts `delivery` in a free slot, or gives it back: full or closed.
-    pub(crate) fn try_send(&self, delivery: Delivery) -> Result<(), TrySendError<Delivery>> {
-        self.tx.try_send(delivery)
+    /// Puts `work` in a free slot, or gives it back: full or closed.
+    pub(crate) fn try_send(&self, work: Work) -> Result<(), TrySendError<Work>> {
+        self.tx.try_send(work)
     }
 
     /// Puts `delivery` in the channel, waiting while it is full until it
     /// has drained to half (module docs). Cancel-safe: dropped while
     /// waiting, it has sent nothing.
     #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
-    pub(crate) async fn send(&self, mut delivery: Delivery) -> Result<(), SendError<Delivery>> {
+    pub(crate) async fn send(&self, work: impl Into<Work>) -> Result<(), SendError<Work>> {
+        let mut delivery = work.into();
         loop {
             // Most sends find room: no waiter registered for them.
             delivery = match self.offer(delivery) {
@@ -132,7 +190,7 @@ impl DeliverySender {
 
     /// One try: done (sent, or the channel closed), or the delivery back
     /// because the channel is full.
-    fn offer(&self, delivery: Delivery) -> ControlFlow<Result<(), SendError<Delivery>>, Delivery> {
+    fn offer(&self, delivery: Work) -> ControlFlow<Result<(), SendError<Work>>, Work> {
         match self.tx.try_send(delivery) {
             Ok(()) => ControlFlow::Break(Ok(())),
             Err(TrySendError::Closed(d)) => ControlFlow::Break(Err(SendError(d))),
@@ -146,7 +204,7 @@ impl DeliverySender {
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) struct DeliveryReceiver {
-    rx: async_channel::Receiver<Delivery>,
+    rx: async_channel::Receiver<Work>,
     room: Arc<Room>,
     /// At or below this many, waiting senders are woken.
     low_water: usize,
@@ -154,14 +212,14 @@ pub(crate) struct DeliveryReceiver {
 
 impl DeliveryReceiver {
     /// The next delivery; an error once the channel is closed and empty.
-    pub(crate) async fn recv(&self) -> Result<Delivery, RecvError> {
+    pub(crate) async fn recv(&self) -> Result<Work, RecvError> {
         let delivery = self.rx.recv().await?;
         self.made_room();
         Ok(delivery)
     }
 
     /// The next delivery if one is waiting (a lane filling a run).
-    pub(crate) fn try_recv(&self) -> Option<Delivery> {
+    pub(crate) fn try_recv(&self) -> Option<Work> {
         let delivery = self.rx.try_recv().ok()?;
         self.made_room();
         Some(delivery)
@@ -231,7 +289,7 @@ mod tests {
     async fn a_full_sender_resumes_once_half_the_channel_is_free() {
         let (tx, rx) = bounded(8);
         for n in 0..8 {
-            tx.try_send(delivery(n)).unwrap();
+            tx.try_send(delivery(n).into()).unwrap();
         }
         let sending = tokio::spawn({
             let tx = tx.clone();
@@ -257,8 +315,8 @@ mod tests {
     async fn a_waiting_sender_fails_when_the_last_receiver_goes() {
         let (tx, rx) = bounded(2);
         let other = rx.clone();
-        tx.try_send(delivery(0)).unwrap();
-        tx.try_send(delivery(1)).unwrap();
+        tx.try_send(delivery(0).into()).unwrap();
+        tx.try_send(delivery(1).into()).unwrap();
         let sending = tokio::spawn({
             let tx = tx.clone();
             async move { tx.send(delivery(2)).await }
@@ -292,7 +350,7 @@ mod tests {
             let rx = rx.clone();
             receivers.push(tokio::spawn(async move {
                 let mut got = Vec::new();
-                while let Ok(d) = rx.recv().await {
+                while let Ok(Work::Record(d)) = rx.recv().await {
                     got.push(d.ticket.offset);
                 }
                 got

@@ -568,6 +568,9 @@ pub struct SubscriptionConfig {
     /// patterns settles at its reader without a call (see
     /// [`crate::filter`]); `None` lets every record in.
     pub filter: Option<Arc<crate::filter::Filter>>,
+    /// Tumbling windows (`window`, contract 0.3.0 windowed worlds); `None`
+    /// without.
+    pub window: Option<crate::windows::WindowSpec>,
 }
 
 impl SubscriptionConfig {

@@ -200,7 +200,9 @@ async fn route_by_key(
                 Err(_) => return,
             },
         };
-        let lane = routing::lane_for(&delivery.record.partition_key, inboxes.len());
+        let lane = delivery
+            .routing_key()
+            .map_or(0, |key| routing::lane_for(key, inboxes.len()));
         tokio::select! {
             biased;
             _ = hard_stop.cancelled() => return,

@@ -466,6 +466,7 @@ mod tests {
 
     fn record(key: &str, data: Vec<u8>) -> Record {
         Record {
+            window: None,
             stream: StreamName::new("orders"),
             shard: crate::ids::ShardId::new("shardId-000000000001"),
             partition_key: crate::ids::PartitionKey::new(key),

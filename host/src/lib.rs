@@ -59,7 +59,7 @@
 //! (the keeper's `CheckpointState`; the dispatch seam the plugin
 //! implements). This list is the one the suite checks (`layers` test):
 //!
-//! 1. ground values: `ids`, `progress`, `key_slice`, `clock`, `cause`, `files`, `backoff`, `kpl`, `fleet_versions`, `parked`, `filter`
+//! 1. ground values: `ids`, `progress`, `key_slice`, `clock`, `cause`, `files`, `backoff`, `kpl`, `fleet_versions`, `parked`, `filter`, `windows`
 //! 2. config: `config`
 //! 3. sinks and clients: `logging`, `telemetry`, `throttle`, `kinesis`, `channel`, `artifacts`
 //! 4. leases: `lease`
@@ -119,6 +119,7 @@ mod state;
 mod supervisor;
 mod telemetry;
 mod throttle;
+mod windows;
 
 #[cfg(test)]
 mod book;
@@ -157,7 +158,7 @@ pub mod admin {
 /// the compiler still reports what only the bench would use.
 #[cfg(feature = "bench-internals")]
 pub mod bench {
-    pub use crate::channel::{Delivery, Record, channel};
+    pub use crate::channel::{Delivery, Record, WindowClose, Work, channel};
     pub use crate::config::{
         BatchConfig, DispatchMode, FailurePolicy, Grants, OnFailure, ReadMode, SandboxConfig,
         StartPosition, SubscriptionConfig,
@@ -175,4 +176,5 @@ pub mod bench {
     pub use crate::slot::{Installed, PluginSlot};
     pub use crate::state::CallState;
     pub use crate::telemetry::Telemetry;
+    pub use crate::windows::{Window, WindowBy, WindowSpec};
 }

@@ -42,6 +42,7 @@ mod pace;
 pub(crate) mod pool;
 pub(crate) mod range;
 mod unpack;
+mod windowing;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,7 +54,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
-use crate::channel::{Delivery, DeliverySender, Record};
+use crate::channel::{Delivery, DeliverySender, Record, Work};
 use crate::config::SubscriptionConfig;
 use crate::ids::{Position, SessionId, ShardId, StreamName};
 use crate::kinesis::{
@@ -368,6 +369,8 @@ pub(crate) struct ShardReader {
     cancel: CancellationToken,
     /// Until when the lease is surely ours (module docs).
     valid_until: watch::Receiver<Instant>,
+    /// The shard's windows, for a subscription with `window`.
+    windowing: Option<windowing::Windowing>,
 }
 
 impl ShardReader {
@@ -384,7 +387,12 @@ impl ShardReader {
         cancel: CancellationToken,
         valid_until: watch::Receiver<Instant>,
     ) -> Self {
+        let windowing = ctx
+            .subscription
+            .window
+            .map(|spec| windowing::Windowing::new(&ctx, spec));
         Self {
+            windowing,
             ctx,
             shard,
             session,
@@ -547,6 +555,9 @@ impl ShardReader {
         if count > 0 && !self.hand_out(page.records, reading).await {
             return Err(ReaderExit::Cancelled);
         }
+        if page.millis_behind == Some(0) && !self.quiet_at_tip().await {
+            return Err(ReaderExit::Cancelled);
+        }
         match page.next_iterator {
             Some(next) if !past_end && !at_tip => {
                 reading.iterator = Some(next);
@@ -579,6 +590,11 @@ impl ShardReader {
         tracing::info!(subscription = %self.ctx.subscription.name, shard_id = %self.shard, "shard read to its end");
         if let Some(range) = &self.ctx.range {
             range.ended(&self.shard);
+        }
+        // A parent's windows close before its end is reported: its
+        // children start only after they committed (see [`windowing`]).
+        if !self.finish_windows().await {
+            return ReaderExit::Cancelled;
         }
         let end = SettlementMsg::End {
             shard: self.shard.clone(),
@@ -690,22 +706,30 @@ impl ShardReader {
             return true;
         }
         reading.records.add(records.len() as u64);
-        let track = SettlementMsg::Track {
-            shard: self.shard.clone(),
-            session: self.session,
-            positions: records.iter().map(|(_, p)| p.clone()).collect(),
-        };
-        if !self.send_settlement(track).await {
+        // With windows, each record is tracked on its own: a hold may go
+        // between two (see [`windowing`]).
+        let windowed = self.windowing.is_some();
+        if !windowed
+            && !self
+                .track(records.iter().map(|(_, p)| p.clone()).collect())
+                .await
+        {
             return false;
         }
         let mut filtered = Vec::new();
-        for (record, position) in records {
+        for (mut record, position) in records {
+            let admitted = self.admits(&record);
+            let placed = !admitted || !windowed || self.window_record(&mut record).await;
+            if !placed || (windowed && !self.track(vec![position.clone()]).await) {
+                self.settle_filtered(filtered, reading).await;
+                return false;
+            }
             let ticket = Ticket {
                 shard: self.shard.clone(),
                 session: self.session,
                 offset: self.next_offset,
             };
-            if !self.admits(&record) {
+            if !admitted {
                 // Settled without a call: tracked above, settled below
                 // (before anything this session reports later, `Close`
                 // included, so a drain counts it as settled).
@@ -718,16 +742,28 @@ impl ShardReader {
                 record: Arc::new(record),
                 ticket,
             };
-            if !self.deliver(delivery).await {
+            if !self.deliver(delivery.into()).await {
                 // Not sent: `next_offset` (what `Close` reports as handed
                 // out) stays below it, so the drain does not wait for it.
                 self.settle_filtered(filtered, reading).await;
                 return false;
             }
             self.next_offset += 1;
+            self.handed_out(&position);
             self.position = ReadFrom::After(position);
         }
         self.settle_filtered(filtered, reading).await
+    }
+
+    /// Tracks records with settlement, in shard order. False when
+    /// cancelled.
+    async fn track(&self, positions: Vec<Position>) -> bool {
+        let track = SettlementMsg::Track {
+            shard: self.shard.clone(),
+            session: self.session,
+            positions,
+        };
+        self.send_settlement(track).await
     }
 
     /// Whether the subscription's filter lets `record` in.
@@ -763,7 +799,7 @@ impl ShardReader {
     /// waiting on a full channel is withdrawn at the validity deadline and
     /// resumes only after a renewal. False when cancelled, the lease is gone
     /// or the channel closed.
-    async fn deliver(&mut self, mut delivery: Delivery) -> bool {
+    async fn deliver(&mut self, mut delivery: Work) -> bool {
         loop {
             let Some(until) = self.lease_valid().await else {
                 return false;

@@ -63,6 +63,21 @@ pub(crate) enum SettlementMsg {
         /// records each under its own).
         positions: Vec<Position>,
     },
+    /// A reader tracks a window's hold (see `reader::windowing`) at the
+    /// session's next offset, after the records tracked so far: the
+    /// checkpoint stays before it until the window is done.
+    Hold {
+        /// The shard.
+        shard: ShardId,
+        /// The session.
+        session: SessionId,
+    },
+    /// One more settlement the hold `ticket` waits for (a close of its
+    /// window, sent before the close enters the channel).
+    Retain(Ticket),
+    /// The reader closed the hold's window: records it tracks from now on
+    /// are outside the hold's scope, and its reference is given up.
+    EndHold(Ticket),
     /// The reader stopped (lease lost, handed over, shutdown) after handing
     /// out the records below offset `delivered`; once those have settled,
     /// the shard's final checkpoint goes to the keeper marked `drained`.
@@ -211,6 +226,11 @@ impl Settlement {
                     self.max_unsettled = self.max_unsettled.max(self.unsettled);
                 }
             }
+            msg @ (SettlementMsg::Hold { .. }
+            | SettlementMsg::Retain(_)
+            | SettlementMsg::EndHold(_)) => {
+                self.apply_hold(msg).await;
+            }
             SettlementMsg::Close {
                 shard,
                 session,
@@ -238,11 +258,40 @@ impl Settlement {
         }
     }
 
+    /// A window's hold: tracked, retained by a close, or ended by its
+    /// reader (see the watermark's module docs).
+    async fn apply_hold(&mut self, msg: SettlementMsg) {
+        match msg {
+            SettlementMsg::Hold { shard, session } => {
+                if let Some(state) = self.session(&shard, session) {
+                    state.watermark.track_hold();
+                }
+            }
+            SettlementMsg::Retain(ticket) => {
+                if let Some(state) = self.session(&ticket.shard, ticket.session)
+                    && !state.watermark.retain(ticket.offset)
+                {
+                    tracing::warn!(subscription = %self.subscription, shard_id = %ticket.shard, offset = ticket.offset, "retain of an unknown hold ignored");
+                }
+            }
+            SettlementMsg::EndHold(ticket) => {
+                if let Some(state) = self.session(&ticket.shard, ticket.session)
+                    && !state.watermark.end_hold(ticket.offset)
+                {
+                    tracing::warn!(subscription = %self.subscription, shard_id = %ticket.shard, offset = ticket.offset, "end of an unknown hold ignored");
+                }
+                self.request_if_ended(&ticket.shard).await;
+            }
+            _ => {}
+        }
+    }
+
     async fn settle(&mut self, ticket: Ticket) {
         let Some(state) = self.session(&ticket.shard, ticket.session) else {
             return;
         };
-        if state.watermark.settle(ticket.offset) == Settled::Unknown {
+        let settled = state.watermark.settle(ticket.offset);
+        if settled == Settled::Unknown {
             tracing::warn!(
                 subscription = %self.subscription, shard_id = %ticket.shard,
                 offset = ticket.offset, "settlement of an unknown or settled record ignored"
@@ -251,7 +300,9 @@ impl Settlement {
         }
         let ended = state.watermark.checkpoint() == Some(&Checkpoint::ShardEnd);
         let closing = state.closing;
-        self.unsettled -= 1;
+        if settled == Settled::Ok {
+            self.unsettled -= 1;
+        }
         if ended {
             self.request_if_ended(&ticket.shard).await;
         } else if closing {

@@ -174,6 +174,9 @@ fn load_subscription(
         ),
         _ => {}
     }
+    if let Some(misfit) = plugin.window_misfit(sub.window.as_ref()) {
+        anyhow::bail!("subscription[{i}] ({}): {misfit}", sub.name);
+    }
     tracing::info!(
         subscription = %sub.name, plugin = %sub.plugin.display(), digest = %plugin.digest(),
         world = %plugin.world(), contract = %plugin.contract(), mode = ?sub.dispatch, batch = ?sub.batch, "plugin loaded"

@@ -29,6 +29,7 @@ pub(crate) fn subscription(extra: &str) -> Arc<SubscriptionConfig> {
 pub(crate) fn delivery(key: &str, seq: u64) -> Delivery {
     Delivery {
         record: Arc::new(Record {
+            window: None,
             stream: StreamName::from("orders"),
             shard: ShardId::from("shard-0"),
             partition_key: PartitionKey::new(key),

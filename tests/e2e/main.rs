@@ -43,3 +43,4 @@ mod state;
 mod store_faults;
 mod traces;
 mod versions;
+mod windows;

@@ -314,7 +314,7 @@ async fn in_a_batch_a_key_s_records_after_a_failed_writer_are_handled_again() {
 
 /// Puts `{"amount": 0}` under each of `keys`: it leaves every total as it
 /// is, and is handled after every earlier record of its key.
-async fn put_zero_per_key<'a>(
+pub(crate) async fn put_zero_per_key<'a>(
     kinesis: &Kinesis,
     stream: &str,
     keys: impl Iterator<Item = &'a String>,
@@ -335,7 +335,7 @@ async fn put_zero_per_key<'a>(
 }
 
 /// Every key's sum of the amounts put.
-fn sums(put: &[(String, i64)]) -> BTreeMap<String, i64> {
+pub(crate) fn sums(put: &[(String, i64)]) -> BTreeMap<String, i64> {
     let mut sums: BTreeMap<String, i64> = BTreeMap::new();
     for (key, amount) in put {
         *sums.entry(key.clone()).or_default() += amount;

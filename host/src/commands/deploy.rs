@@ -148,6 +148,13 @@ pub(crate) async fn deploy(
         ),
         _ => {}
     }
+    if let Some(misfit) = loaded.window_misfit(sub.window.as_ref()) {
+        bail!(
+            "plugin {} is not a version of {}: {misfit}",
+            plugin.display(),
+            sub.name
+        );
+    }
     let store = store(config, sub).await?;
     let Some(artifacts) = open_artifacts(config).await else {
         bail!(

@@ -134,3 +134,8 @@ pub const QUARANTINE_MAX_KEYS_LIMIT: usize = 100_000;
 /// Records one parked key holds (`quarantine.max_records`): each costs a
 /// conditional lease-store write and a dead-letter put.
 pub const QUARANTINE_MAX_RECORDS: u64 = 100_000;
+
+/// How long past its end a window stays open on a quiet shard.
+pub const WINDOW_GRACE: Duration = Duration::from_secs(1);
+/// The longest window (Lambda's `TumblingWindowInSeconds` bound).
+pub const WINDOW_MAX_SIZE: Duration = Duration::from_secs(900);

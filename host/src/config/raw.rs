@@ -224,6 +224,20 @@ pub(super) struct RawSubscription {
     pub(super) state: Option<RawState>,
     /// Lambda-style event filter: up to five patterns (JSON strings); a record matching none settles without a call.
     pub(super) filter: Option<Vec<String>>,
+    /// Contract 0.3.0: tumbling windows of arrival time, closed by the plugin's close-window, exactly once with the checkpoint.
+    pub(super) window: Option<RawWindow>,
+}
+
+/// Tumbling windows: `{ size = "60s", by = "key" }`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWindow {
+    /// The length of a window, "1s" to "15m" (Lambda's TumblingWindowInSeconds).
+    pub(super) size: String,
+    /// "shard" (default: one close per window of a shard) or "key" (one close per key of the window).
+    pub(super) by: Option<String>,
+    /// How long past its end a window stays open on a quiet shard (default "1s", at most size).
+    pub(super) grace: Option<String>,
 }
 
 /// Per-key state limits.

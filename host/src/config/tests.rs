@@ -731,3 +731,63 @@ fn bad_state_settings_are_named_on_one_line() {
         assert_eq!(err.lines().count(), 1, "{err}");
     }
 }
+
+#[test]
+fn windows_take_their_defaults_and_refuse_what_cannot_keep_their_order() {
+    use crate::windows::{WindowBy, WindowSpec};
+    let sub = |extra: &str| parse(&format!("{MINIMAL}{extra}")).map(|c| c.subscriptions[0].clone());
+    assert_eq!(sub("").unwrap().window, None);
+    assert_eq!(
+        sub("window = { size = \"60s\" }\n").unwrap().window,
+        Some(WindowSpec {
+            size: Duration::from_secs(60),
+            by: WindowBy::Shard,
+            grace: defaults::WINDOW_GRACE,
+        })
+    );
+    let keyed = sub(
+        "window = { size = \"5m\", by = \"key\", grace = \"10s\" }\nworkers = 4\nby_key = true\n",
+    )
+    .unwrap()
+    .window
+    .unwrap();
+    assert_eq!(
+        (keyed.by, keyed.grace),
+        (WindowBy::Key, Duration::from_secs(10))
+    );
+    for (extra, error) in [
+        (
+            "window = { size = \"500ms\" }\n",
+            "subscription[0].window.size`: 500ms is out of range",
+        ),
+        (
+            "window = { size = \"16m\" }\n",
+            "subscription[0].window.size`: 16m is out of range",
+        ),
+        (
+            "window = { size = \"1m\", by = \"lane\" }\n",
+            "subscription[0].window.by`: \"lane\" is not a choice",
+        ),
+        (
+            "window = { size = \"1m\", grace = \"2m\" }\n",
+            "subscription[0].window.grace`: must not be longer",
+        ),
+        (
+            "window = { size = \"1m\" }\nworkers = 2\nby_key = true\n",
+            "by = \"shard\" needs sequential dispatch",
+        ),
+        (
+            "window = { size = \"1m\", by = \"key\" }\nworkers = 2\n",
+            "by = \"key\" needs ordered dispatch",
+        ),
+        (
+            "window = { size = \"1m\" }\nbatch_size = 10\n",
+            "is not available with batch_size yet",
+        ),
+        ("window = { by = \"key\" }\n", "size"),
+    ] {
+        let got = sub(extra).unwrap_err();
+        assert!(got.contains(error), "{extra}: {got}");
+        assert!(!got.contains('\n'), "one line: {got}");
+    }
+}

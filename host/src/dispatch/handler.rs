@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::channel::Record;
+use crate::channel::{Record, WindowClose};
 use crate::ids::{LaneId, PluginDigest};
 use crate::outputs::Output;
 use crate::state::CallState;
@@ -138,6 +138,18 @@ pub(crate) trait Handler: Send + 'static {
             })
         }
     }
+
+    /// Closes a window (contract 0.3.0 windowed worlds): one call per
+    /// [`WindowClose`], on its `attempt`-th try, with `state` the view of
+    /// its keys' state (inputs by the key's index in `close.keys`). No
+    /// default: a wrapper that forgot to pass it on would turn every close
+    /// into a reject.
+    fn close_window(
+        &mut self,
+        close: &Arc<WindowClose>,
+        attempt: u32,
+        state: &mut CallState,
+    ) -> impl Future<Output = Result<Handled<Outcome>, CallError>> + Send;
 
     /// The plugin version that handles `record` in this instance (with a
     /// canary it depends on the key); named in dead-letter envelopes.

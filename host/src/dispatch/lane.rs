@@ -52,7 +52,7 @@ use tracing::Instrument;
 use super::batch::BatchCollector;
 use super::{CallError, Handled, Handler, HandlerFactory, Outcome, Output};
 use crate::backoff::Backoff;
-use crate::channel::{Delivery, DeliveryReceiver, Record};
+use crate::channel::{Delivery, DeliveryReceiver, Record, Work};
 use crate::config::{BatchConfig, SubscriptionConfig};
 use crate::failure::Policy;
 use crate::ids::{LaneId, PluginDigest};
@@ -70,6 +70,7 @@ mod publish;
 mod state;
 #[cfg(test)]
 mod tests;
+mod windows;
 
 use acks::HeldAcks;
 pub(super) use metrics::LaneMetrics;
@@ -206,7 +207,7 @@ impl<F: HandlerFactory> Lane<F> {
         let stopped = hard_stop.cancelled();
         tokio::pin!(stopped);
         // Taken while filling a run, but of another shard: the next one.
-        let mut next: Option<Delivery> = None;
+        let mut next: Option<Work> = None;
         loop {
             if self
                 .held_acks
@@ -214,7 +215,7 @@ impl<F: HandlerFactory> Lane<F> {
             {
                 self.send_acks().await;
             }
-            let delivery = match next.take() {
+            let work = match next.take() {
                 Some(d) => d,
                 None => tokio::select! {
                     biased;
@@ -224,6 +225,16 @@ impl<F: HandlerFactory> Lane<F> {
                         Err(_) => break,
                     },
                 },
+            };
+            let delivery = match work {
+                Work::Record(delivery) => delivery,
+                Work::Close(close) => {
+                    self.send_acks().await;
+                    if !self.close_window(&close, &hard_stop).await {
+                        break;
+                    }
+                    continue;
+                }
             };
             let mut group = std::mem::take(&mut self.spare);
             group.push(Item::from(delivery));
@@ -239,15 +250,15 @@ impl<F: HandlerFactory> Lane<F> {
     /// Adds to a lone record what waits behind it of the same shard, up to
     /// what the handler takes in one call ([`Handler::max_run`]) and
     /// [`MAX_RUN_BYTES`] (see "Runs"); returns a delivery it took that
-    /// belongs to another shard.
-    fn fill_run(&self, group: &mut Vec<Item>, inbox: &DeliveryReceiver) -> Option<Delivery> {
+    /// belongs to another shard, or a window's close (which ends a run).
+    fn fill_run(&self, group: &mut Vec<Item>, inbox: &DeliveryReceiver) -> Option<Work> {
         let max = self.handler.as_ref().map_or(1, Handler::max_run);
         let mut bytes = lowered_bytes(&group[0].record);
         while group.len() < max && bytes < MAX_RUN_BYTES {
-            let delivery = inbox.try_recv()?;
-            if delivery.record.shard != group[0].record.shard {
-                return Some(delivery);
-            }
+            let delivery = match inbox.try_recv()? {
+                Work::Record(d) if d.record.shard == group[0].record.shard => d,
+                other => return Some(other),
+            };
             bytes += lowered_bytes(&delivery.record);
             group.push(Item::from(delivery));
         }
@@ -286,9 +297,23 @@ impl<F: HandlerFactory> Lane<F> {
                 _ = &mut stopped => break,
                 _ = sleep_until(deadline), if deadline.is_some() => collector.take_due(Instant::now()),
                 d = inbox.recv() => match d {
-                    Ok(d) => {
+                    Ok(Work::Record(d)) => {
                         let bytes = lowered_bytes(&d.record);
                         collector.push(d, bytes, Instant::now())
+                    }
+                    // A close follows every record before it: the batch
+                    // collected so far goes first.
+                    Ok(Work::Close(close)) => {
+                        if let Some(batch) = collector.flush()
+                            && !self.deliver(batch.into_iter().map(Item::from).collect(), &hard_stop).await
+                        {
+                            break;
+                        }
+                        self.send_acks().await;
+                        if !self.close_window(&close, &hard_stop).await {
+                            break;
+                        }
+                        None
                     }
                     Err(_) => {
                         if let Some(batch) = collector.flush() {

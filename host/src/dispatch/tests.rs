@@ -66,6 +66,15 @@ impl Handler for Native {
     ) -> Result<Handled<Vec<Outcome>>, CallError> {
         unreachable!("no batch_size in these subscriptions")
     }
+
+    async fn close_window(
+        &mut self,
+        _close: &Arc<crate::channel::WindowClose>,
+        _attempt: u32,
+        _state: &mut CallState,
+    ) -> Result<Handled<Outcome>, CallError> {
+        unreachable!("no window in these subscriptions")
+    }
 }
 
 struct Natives(Arc<Recorder>);

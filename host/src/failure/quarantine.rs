@@ -557,6 +557,7 @@ mod tests {
 
     fn record(key: &str, sequence: u32) -> Record {
         Record {
+            window: None,
             stream: "orders".into(),
             shard: SHARD.into(),
             partition_key: PartitionKey::new(key),

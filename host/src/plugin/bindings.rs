@@ -184,5 +184,6 @@ pub(super) mod v3 {
     pub(crate) use record::shardlane::plugin::outputs;
     pub(crate) use record::shardlane::plugin::runs::{RunContext, RunRecord};
     pub(crate) use record::shardlane::plugin::state;
-    pub(crate) use record::shardlane::plugin::types::Outcome;
+    pub(crate) use record::shardlane::plugin::types::{Outcome, Window};
+    pub(crate) use windowed_record::shardlane::plugin::windows::ClosedWindow;
 }

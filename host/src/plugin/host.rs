@@ -24,7 +24,7 @@ use wasmtime_wasi_http::WasiHttpCtx;
 use http::HttpGate;
 pub(super) use http::HttpMetrics;
 
-use crate::channel::Record;
+use crate::channel::{Record, WindowClose};
 use crate::config::{Grants, SandboxConfig};
 use crate::ids::{LaneId, PluginDigest, SubscriptionName};
 use crate::outputs::Output;
@@ -41,6 +41,8 @@ pub(super) enum CallContext {
         first: Arc<Record>,
         len: usize,
     },
+    /// A window's close: its keys are the inputs.
+    Close(Arc<WindowClose>),
 }
 
 impl CallContext {
@@ -50,6 +52,7 @@ impl CallContext {
             CallContext::Idle => 0,
             CallContext::Record(_) => 1,
             CallContext::Batch { len, .. } => *len,
+            CallContext::Close(close) => close.keys.len(),
         }
     }
 }

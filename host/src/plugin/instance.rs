@@ -14,7 +14,7 @@ use super::epoch::Ticker;
 use super::error::one_line;
 use super::host::{CallContext, HostState, HttpMetrics};
 use super::{Contract, PluginError, World};
-use crate::channel::Record;
+use crate::channel::{Record, WindowClose};
 use crate::config::SandboxConfig;
 use crate::dispatch::{CallError, Handled, Handler, HandlerFactory, Outcome};
 use crate::ids::{LaneId, PluginDigest, SubscriptionName};
@@ -94,6 +94,31 @@ impl Plugin {
     /// Its digest.
     pub fn digest(&self) -> &PluginDigest {
         &self.digest
+    }
+
+    /// Whether it implements a windowed world (exports `close-window`).
+    pub fn windowed(&self) -> bool {
+        matches!(
+            self.pre,
+            PluginPre::V3WindowedRecord(_) | PluginPre::V3WindowedBatch(_)
+        )
+    }
+
+    /// Why it cannot serve a subscription with (or without) `window`, as
+    /// the end of a one-line error; `None` when it fits.
+    pub fn window_misfit(&self, window: Option<&crate::windows::WindowSpec>) -> Option<String> {
+        match (self.windowed(), window) {
+            (true, None) => Some(format!(
+                "{} exports close-window, but the subscription has no window: set window = {{ size = \"60s\" }}, or build it for a world without windows",
+                self.path.display()
+            )),
+            (false, Some(_)) => Some(format!(
+                "the subscription has a window, but {} implements {} without close-window: build it for windowed-record-handler (contract 0.3.0)",
+                self.path.display(),
+                self.world
+            )),
+            _ => None,
+        }
     }
 
     /// Its file.
@@ -247,7 +272,14 @@ fn to_v3_run(record: &Record, attempt: u32) -> v3::RunRecord<'_> {
         approximate_arrival: record.arrival_ms,
         data: &record.data,
         attempt,
-        window: None,
+        window: record.window.map(to_v3_window),
+    }
+}
+
+fn to_v3_window(window: crate::windows::Window) -> v3::Window {
+    v3::Window {
+        start: window.start,
+        end: window.end,
     }
 }
 
@@ -262,7 +294,7 @@ fn to_v3_batch(record: &Record, attempt: u32) -> v3::KinesisRecord<'_> {
         approximate_arrival: record.arrival_ms,
         data: &record.data,
         attempt,
-        window: None,
+        window: record.window.map(to_v3_window),
     }
 }
 
@@ -463,6 +495,37 @@ impl Instance {
         answered(handled)
     }
 
+    /// Calls `close-window` (a windowed world) for a window's close.
+    ///
+    /// # Errors
+    /// [`CallError`] on a trap or timeout (the instance must then be
+    /// dropped), or a world without `close-window`.
+    pub(crate) async fn close_window(
+        &mut self,
+        close: &Arc<WindowClose>,
+        state: &mut CallState,
+    ) -> Result<Handled<Outcome>, CallError> {
+        let keys: Vec<&str> = close.keys.iter().map(|k| k.as_str()).collect();
+        let closed = v3::ClosedWindow {
+            stream: close.stream.as_str(),
+            shard_id: close.shard.as_str(),
+            window: to_v3_window(close.window),
+            keys: &keys,
+        };
+        let call = CallContext::Close(close.clone());
+        let handled = self
+            .run(call, state, async |exports, store| match exports {
+                Exports::V3WindowedRecord(h) => Some(h.call_close_window(store, closed).await),
+                Exports::V3WindowedBatch(h) => Some(h.call_close_window(store, closed).await),
+                _ => None,
+            })
+            .await?;
+        Ok(Handled {
+            outcome: handled.outcome.into(),
+            outputs: handled.outputs,
+        })
+    }
+
     /// Calls `handle-batch` for a batch; one outcome per record, in order.
     ///
     /// # Errors
@@ -576,6 +639,15 @@ impl Handler for Instance {
         state: &mut CallState,
     ) -> impl Future<Output = Result<Handled<Vec<Outcome>>, CallError>> + Send {
         Instance::handle_run(self, records, state)
+    }
+
+    fn close_window(
+        &mut self,
+        close: &Arc<WindowClose>,
+        _attempt: u32,
+        state: &mut CallState,
+    ) -> impl Future<Output = Result<Handled<Outcome>, CallError>> + Send {
+        Instance::close_window(self, close, state)
     }
 
     fn version(&self, _record: &Record) -> Option<PluginDigest> {

@@ -172,6 +172,9 @@ impl ShardReader {
                 return Some(ReaderExit::Cancelled);
             }
         }
+        if event.millis_behind == 0 && !self.quiet_at_tip().await {
+            return Some(ReaderExit::Cancelled);
+        }
         if let Some(continuation) = event.continuation {
             let next = Position::whole(continuation);
             let ahead = match &self.position {

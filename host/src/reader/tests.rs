@@ -218,6 +218,9 @@ impl Harness {
             .await
             .expect("a delivery")
             .unwrap();
+        let crate::channel::Work::Record(d) = d else {
+            panic!("a window's close, with no window configured");
+        };
         assert_eq!(d.ticket.session, SessionId(7));
         (d.record.sequence.to_string(), d.ticket.offset)
     }
@@ -476,4 +479,109 @@ async fn fan_out_stops_at_a_malformed_event() {
     let mut h = start_with(Script::default(), Some(Arc::new(OneBad)), after(0), None);
     assert_eq!(h.exit().await, ReaderExit::Cancelled);
     assert_eq!(h.told(), ["open 7", "close 0"]);
+}
+
+/// A reader of `records` (one page, at the tip, then the shard's end)
+/// for a subscription with `extra` lines, run to its end; what it told
+/// settlement (short names) and what it put into the channel.
+async fn run_windowed(records: Vec<Fetched>, extra: &str) -> (Vec<String>, Vec<String>) {
+    let script = Arc::new(Script::default().open(Ok("it-0")).page(Ok(Page {
+        records,
+        next_iterator: None,
+        millis_behind: Some(0),
+    })));
+    let (mut ctx, deliveries, mut settlement) = crate::tests::reader_context(script, None);
+    ctx.subscription = crate::tests::subscription(extra);
+    let (_valid, valid_rx) = watch::channel(Instant::now() + Duration::from_secs(3600));
+    let reader = ShardReader::new(
+        ctx,
+        ShardId::from("shard-0"),
+        SessionId(7),
+        ReadFrom::Start(StartPosition::TrimHorizon),
+        None,
+        CancellationToken::new(),
+        valid_rx,
+    );
+    assert_eq!(reader.run().await, ReaderExit::ShardEnd);
+    let mut told = Vec::new();
+    while let Ok(msg) = settlement.try_recv() {
+        told.push(match msg {
+            SettlementMsg::Open { .. } => "open".to_owned(),
+            SettlementMsg::Hold { .. } => "hold".to_owned(),
+            SettlementMsg::Track { positions, .. } => format!("track {}", positions[0]),
+            SettlementMsg::Retain(t) => format!("retain {}", t.offset),
+            SettlementMsg::EndHold(t) => format!("end hold {}", t.offset),
+            SettlementMsg::End { .. } => "end".to_owned(),
+            other => format!("{other:?}"),
+        });
+    }
+    let mut handed = Vec::new();
+    while let Some(work) = deliveries.try_recv() {
+        handed.push(match work {
+            Work::Record(d) => format!(
+                "record {} at {} in {:?}",
+                d.record.sequence,
+                d.ticket.offset,
+                d.record.window.map(|w| w.start)
+            ),
+            Work::Close(c) => format!(
+                "close {} of {} at {} staged at {}",
+                c.keys[0], c.window.start, c.hold.offset, c.stage_at
+            ),
+        });
+    }
+    (told, handed)
+}
+
+/// Catches a windowed reader that lets the checkpoint pass an open
+/// window (no hold before its first record), hands a close out after a
+/// later record, stages a close outside its window, or ends a shard
+/// before its window closed.
+#[tokio::test(start_paused = true)]
+async fn windows_hold_the_checkpoint_and_close_between_records() {
+    let fetched = |key: &str, seq: u64, arrival_ms: u64| Fetched {
+        partition_key: PartitionKey::new(key),
+        sequence: SequenceNumber::parse(&seq.to_string()).unwrap(),
+        arrival_ms,
+        data: vec![1],
+    };
+    let records = vec![
+        fetched("a", 1, 100),
+        fetched("b", 2, 500),
+        // A later window: the first one closes before it.
+        fetched("a", 3, 1_300),
+    ];
+    let (told, handed) = run_windowed(
+        records,
+        "window = { size = \"1s\", by = \"key\", grace = \"100ms\" }\nworkers = 2\nby_key = true",
+    )
+    .await;
+    assert_eq!(
+        told,
+        [
+            "open",
+            "hold",
+            "track 1",
+            "track 2", // window [0, 1000)
+            "retain 0",
+            "retain 0",
+            "end hold 0", // its closes (a, b)
+            "hold",
+            "track 3", // window [1000, 2000)
+            "retain 3",
+            "end hold 3", // closed at the quiet tip
+            "end",
+        ]
+    );
+    assert_eq!(
+        handed,
+        [
+            "record 1 at 1 in Some(0)",
+            "record 2 at 2 in Some(0)",
+            "close a of 0 at 0 staged at 2",
+            "close b of 0 at 0 staged at 2",
+            "record 3 at 4 in Some(1000)",
+            "close a of 1000 at 3 staged at 3",
+        ]
+    );
 }

@@ -90,6 +90,7 @@ impl Source<'_> {
                             found.hash_key_mismatch += 1;
                         }
                         let record = Record {
+                            window: None,
                             stream: self.stream.clone(),
                             shard: self.shard.clone(),
                             partition_key: PartitionKey::from(user.partition_key.as_str()),
@@ -118,6 +119,7 @@ impl Source<'_> {
         }
         out.push((
             Record {
+                window: None,
                 stream: self.stream.clone(),
                 shard: self.shard.clone(),
                 partition_key: fetched.partition_key,

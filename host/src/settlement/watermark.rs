@@ -13,6 +13,19 @@
 //! offset); memory is one entry per record read but not yet below the
 //! watermark.
 //!
+//! A *hold* (a window's, see `reader::windowing`) is tracked like a record,
+//! right before the window's first record, but has no position of its
+//! own. Its *scope* is every record tracked after it until the reader ends
+//! it ([`Watermark::end_hold`]): the window's records. It is released once
+//! its references are gone — the reader's (given up by `end_hold`), and
+//! one per [`Watermark::retain`] (a close), each given up by a settle — and
+//! it is *done* once released and every record of its scope has settled.
+//! The checkpoint never passes a hold that is not done, and moves over a
+//! done hold and its whole scope at once, never onto the hold: so it never
+//! stops inside a window whose closes were not all done. A hold is not a
+//! record read: it does not count as unsettled, so a reader that stops
+//! drains without it (its checkpoint stays before the hold).
+//!
 //! KPL aggregates need nothing special here: the reader tracks each user
 //! record under its own [`Position`] (the last one of an aggregate as the
 //! whole record), so a checkpoint may stop inside an aggregate and the
@@ -25,8 +38,31 @@ use crate::progress::{Checkpoint, Offset};
 
 #[derive(Debug)]
 enum Entry {
-    Record { position: Position, settled: bool },
+    Record {
+        position: Position,
+        settled: bool,
+        /// The hold whose scope it is in.
+        hold: Option<Offset>,
+    },
+    Hold(Hold),
     End,
+}
+
+/// A hold's counts (module docs).
+#[derive(Debug)]
+struct Hold {
+    /// References not yet given up.
+    pending: u32,
+    /// Records of its scope not settled yet.
+    inside: usize,
+    /// The reader has not ended its scope.
+    open: bool,
+}
+
+impl Hold {
+    fn done(&self) -> bool {
+        self.pending == 0 && self.inside == 0 && !self.open
+    }
 }
 
 /// What [`Watermark::settle`] made of a settlement.
@@ -34,6 +70,8 @@ enum Entry {
 pub(crate) enum Settled {
     /// Recorded; the checkpoint moved (or not) accordingly.
     Ok,
+    /// A hold, recorded likewise.
+    Hold,
     /// That offset had already settled, or was never tracked: ignored.
     Unknown,
 }
@@ -47,6 +85,8 @@ pub(crate) struct Watermark {
     checkpoint: Option<Checkpoint>,
     /// Tracked records not settled yet.
     unsettled: usize,
+    /// The hold whose scope is open: records tracked now are in it.
+    scoping: Option<Offset>,
 }
 
 impl Watermark {
@@ -62,12 +102,71 @@ impl Watermark {
             !matches!(self.entries.back(), Some(Entry::End)),
             "record tracked after the end of its shard"
         );
+        let hold = self.scoping;
+        if let Some(Entry::Hold(h)) = hold.and_then(|h| self.entry(h)) {
+            h.inside += 1;
+        }
         self.entries.push_back(Entry::Record {
             position,
             settled: false,
+            hold,
         });
         self.unsettled += 1;
         self.next_offset() - 1
+    }
+
+    fn entry(&mut self, offset: Offset) -> Option<&mut Entry> {
+        let index = offset.checked_sub(self.base)?;
+        self.entries.get_mut(index as usize)
+    }
+
+    /// Tracks a hold after the records tracked so far, opens its scope,
+    /// and returns its offset.
+    pub(crate) fn track_hold(&mut self) -> Offset {
+        self.entries.push_back(Entry::Hold(Hold {
+            pending: 1,
+            inside: 0,
+            open: true,
+        }));
+        let offset = self.next_offset() - 1;
+        self.scoping = Some(offset);
+        offset
+    }
+
+    /// One more reference to the hold at `offset`; false when there is no
+    /// such hold, or it was released.
+    pub(crate) fn retain(&mut self, offset: Offset) -> bool {
+        match self.entry(offset) {
+            Some(Entry::Hold(h)) if h.pending > 0 => {
+                h.pending += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Ends the scope of the hold at `offset` (records tracked from now on
+    /// are outside it) and gives up the reader's reference; false when
+    /// there is no such open hold.
+    pub(crate) fn end_hold(&mut self, offset: Offset) -> bool {
+        match self.entry(offset) {
+            Some(Entry::Hold(h)) if h.open => {
+                h.open = false;
+                h.pending -= 1;
+            }
+            _ => return false,
+        }
+        if self.scoping == Some(offset) {
+            self.scoping = None;
+        }
+        self.advance_if_front(offset);
+        true
+    }
+
+    fn advance_if_front(&mut self, offset: Offset) {
+        if offset == self.base {
+            self.advance();
+        }
     }
 
     /// Tracks the end of a closed shard, after its last record.
@@ -88,13 +187,25 @@ impl Watermark {
             return Settled::Unknown;
         };
         match self.entries.get_mut(index as usize) {
-            Some(Entry::Record { settled, .. }) if !*settled => {
+            Some(Entry::Record { settled, hold, .. }) if !*settled => {
                 *settled = true;
+                let hold = *hold;
                 self.unsettled -= 1;
                 if index == 0 {
                     self.advance();
                 }
+                if let Some(h) = hold
+                    && let Some(Entry::Hold(held)) = self.entry(h)
+                {
+                    held.inside -= 1;
+                    self.advance_if_front(h);
+                }
                 Settled::Ok
+            }
+            Some(Entry::Hold(h)) if h.pending > 0 => {
+                h.pending -= 1;
+                self.advance_if_front(offset);
+                Settled::Hold
             }
             _ => Settled::Unknown,
         }
@@ -109,12 +220,16 @@ impl Watermark {
                     }
                     self.base += 1;
                 }
+                Entry::Hold(h) if h.done() => {
+                    self.entries.pop_front();
+                    self.base += 1;
+                }
                 Entry::End => {
                     self.entries.pop_front();
                     self.base += 1;
                     self.checkpoint = Some(Checkpoint::ShardEnd);
                 }
-                Entry::Record { settled: false, .. } => break,
+                Entry::Record { settled: false, .. } | Entry::Hold(_) => break,
             }
         }
     }
@@ -235,6 +350,60 @@ mod tests {
         w.settle(0);
         assert_eq!(w.checkpoint(), Some(&Checkpoint::ShardEnd));
         assert!(w.is_drained());
+    }
+
+    #[test]
+    fn a_hold_keeps_the_checkpoint_before_its_window_until_done() {
+        let mut w = Watermark::new();
+        w.track(seq(0));
+        let hold = w.track_hold();
+        assert_eq!(hold, 1);
+        w.track(seq(2));
+        w.track(seq(3));
+        // The window closes: one close retained, the scope ended.
+        assert!(w.retain(hold));
+        assert!(w.end_hold(hold));
+        let after = w.track(seq(5));
+        w.settle(0);
+        w.settle(2);
+        w.settle(3);
+        w.settle(after);
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::At(seq(0))));
+        assert_eq!(w.unsettled(), 0, "a hold is not a record read");
+        assert_eq!(w.settle(hold), Settled::Hold);
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::At(seq(5))));
+        assert_eq!(w.settle(hold), Settled::Unknown);
+        assert!(!w.retain(hold));
+        assert!(w.is_drained());
+    }
+
+    #[test]
+    fn a_released_hold_waits_for_every_record_of_its_window() {
+        let mut w = Watermark::new();
+        let hold = w.track_hold();
+        w.track(seq(1));
+        w.track(seq(2));
+        assert!(w.retain(hold));
+        assert!(w.end_hold(hold));
+        let after = w.track(seq(4));
+        w.settle(1);
+        w.settle(hold);
+        w.settle(after);
+        assert_eq!(w.checkpoint(), None, "never inside the window");
+        w.settle(2);
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::At(seq(4))));
+    }
+
+    #[test]
+    fn a_hold_whose_scope_is_open_is_never_passed() {
+        let mut w = Watermark::new();
+        let hold = w.track_hold();
+        w.track(seq(1));
+        w.settle(1);
+        assert_eq!(w.checkpoint(), None);
+        w.track_end();
+        assert!(w.end_hold(hold));
+        assert_eq!(w.checkpoint(), Some(&Checkpoint::ShardEnd));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use super::shadow::{Admission, Live, Shadow, ShadowCall};
-use crate::channel::Record;
+use crate::channel::{Record, WindowClose};
 use crate::dispatch::{CallError, Handled, Handler, Outcome};
 use crate::fleet_versions::CanaryCounts;
 use crate::ids::{LaneId, PluginDigest};
@@ -290,6 +290,23 @@ impl Handler for SlotInstance {
             outcome: vec![outcome],
             outputs,
         })
+    }
+
+    /// The stable version closes a window, or the candidate when the
+    /// close is for one key in its slice (`by = "key"`). A shadow does not
+    /// see closes: it compares record calls.
+    async fn close_window(
+        &mut self,
+        close: &Arc<WindowClose>,
+        _attempt: u32,
+        state: &mut CallState,
+    ) -> Result<Handled<Outcome>, CallError> {
+        match &mut self.canary {
+            Some(canary) if close.keys.len() == 1 && canary.slice.contains(&close.keys[0]) => {
+                canary.instance.close_window(close, state).await
+            }
+            _ => self.stable.close_window(close, state).await,
+        }
     }
 
     fn version(&self, record: &Record) -> Option<PluginDigest> {

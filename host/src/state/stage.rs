@@ -124,27 +124,40 @@ impl StateStage {
         &self,
         records: impl Iterator<Item = (&Record, &Ticket)>,
     ) -> Result<CallState, LeaseError> {
+        self.prepare_keys(records.map(|(r, t)| (&r.partition_key, &t.shard, t.session)))
+            .await
+    }
+
+    /// The view of a call whose inputs are these keys, each read in its
+    /// shard's `session` (a window's close: its keys, on its shard).
+    ///
+    /// # Errors
+    /// As [`StateStage::prepare`].
+    pub(crate) async fn prepare_keys<'k>(
+        &self,
+        inputs_keys: impl Iterator<Item = (&'k PartitionKey, &'k ShardId, SessionId)>,
+    ) -> Result<CallState, LeaseError> {
         let mut slots: Vec<Slot> = Vec::new();
         let mut inputs = Vec::new();
-        for (record, ticket) in records {
-            if let Some(at) = slots.iter().position(|s| s.key == record.partition_key) {
+        for (key, shard, session) in inputs_keys {
+            if let Some(at) = slots.iter().position(|s| s.key == *key) {
                 inputs.push(at);
                 continue;
             }
             let cached = self.with(|shards| {
                 shards
-                    .get(&ticket.shard)
-                    .filter(|s| s.session == ticket.session)
-                    .and_then(|s| s.keys.get(&record.partition_key))
+                    .get(shard)
+                    .filter(|s| s.session == session)
+                    .and_then(|s| s.keys.get(key))
                     .map(|e| e.current.clone())
             });
             let state = match cached {
                 Some(state) => state,
-                None => self.load(&record.partition_key).await?,
+                None => self.load(key).await?,
             };
             inputs.push(slots.len());
             slots.push(Slot {
-                key: record.partition_key.clone(),
+                key: key.clone(),
                 base: state.clone(),
                 view: state,
             });
@@ -177,14 +190,25 @@ impl StateStage {
         base: &KeyState,
         delta: Delta,
     ) {
+        let at = (&ticket.shard, ticket.session, position_of(record));
+        self.stage_at(at, key, base, delta);
+    }
+
+    /// Stages writes as [`StateStage::stage`] does, under a position of
+    /// the shard's `session` (a window's close: the last record handed out
+    /// before it).
+    pub(crate) fn stage_at(
+        &self,
+        (shard, session, position): (&ShardId, SessionId, Position),
+        key: &PartitionKey,
+        base: &KeyState,
+        delta: Delta,
+    ) {
         if delta.is_empty() {
             return;
         }
         self.with(|shards| {
-            let Some(shard) = shards
-                .get_mut(&ticket.shard)
-                .filter(|s| s.session == ticket.session)
-            else {
+            let Some(shard) = shards.get_mut(shard).filter(|s| s.session == session) else {
                 return;
             };
             // A key dropped from the cache since the call began was clean:
@@ -206,7 +230,7 @@ impl StateStage {
             shard.bytes = shard.bytes - before + entry.current.bytes();
             shard
                 .staged
-                .entry(position_of(record))
+                .entry(position)
                 .or_default()
                 .push((key.clone(), delta));
         });
@@ -368,6 +392,7 @@ mod tests {
 
     fn record(seq: u64, key: &str) -> (Record, Ticket) {
         let record = Record {
+            window: None,
             stream: StreamName::from("s"),
             shard: ShardId::from(SHARD),
             partition_key: PartitionKey::from(key),

@@ -182,6 +182,10 @@ pub mod guests {
         /// `tests/guests/noop-run` (contract 0.3.0): acks every record of
         /// every run (benchmarks).
         pub noop_run: PathBuf,
+        /// `tests/guests/windowed` (contract 0.3.0, windowed): sums per
+        /// key per window, adding each window's sum to the key's total at
+        /// its close.
+        pub windowed: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -254,6 +258,7 @@ pub mod guests {
             noop_state: out.join("noop_state.wasm"),
             runner: out.join("runner.wasm"),
             noop_run: out.join("noop_run.wasm"),
+            windowed: out.join("windowed.wasm"),
         })
     }
 }

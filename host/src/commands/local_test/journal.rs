@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use serde_json::{Value as Json, json};
 
-use crate::channel::Record;
+use crate::channel::{Record, WindowClose};
 use crate::dispatch::{CallError, Handled, Handler, HandlerFactory, Outcome, Output};
 use crate::failure::{DeadLetterSink, LastFailure, Put};
 use crate::ids::{LaneId, PartitionKey, PluginDigest, ShardId, StreamName};
@@ -54,6 +54,8 @@ pub(super) struct Counts {
     pub dead_lettered: u64,
     /// Records the filter kept out.
     pub filtered: u64,
+    /// Window closes called (each attempt).
+    pub closes: u64,
 }
 
 /// The run's journal (module docs): printed to stdout as it goes.
@@ -196,6 +198,84 @@ impl Journal {
         self.print(
             &text,
             &json!({"event": "call", "lane": lane.0, "records": entries}),
+        );
+    }
+
+    /// A window's close and its answer, before the lane acts on it.
+    fn closed(
+        &self,
+        close: &WindowClose,
+        attempt: u32,
+        answer: Result<(Outcome, &[Output]), &CallError>,
+        state: &CallState,
+    ) {
+        let said = match &answer {
+            Ok((outcome, _)) => outcome_text(outcome),
+            Err(e) => format!("failed: {e}"),
+        };
+        let acked = matches!(&answer, Ok((Outcome::Ack, _)));
+        let kept = if acked { "" } else { " (discarded)" };
+        let window = format!("{}..{}", close.window.start, close.window.end);
+        let mut text = vec![format!(
+            "{} window {window} closed, keys {:?}, attempt {attempt}: {said}",
+            close.shard,
+            close.keys.iter().map(|k| k.as_str()).collect::<Vec<_>>()
+        )];
+        let outputs: &[Output] = match &answer {
+            Ok((_, outputs)) => outputs,
+            Err(_) => &[],
+        };
+        for o in outputs {
+            text.push(format!(
+                "  output to {} key {:?}: {}{kept}",
+                o.stream,
+                o.partition_key.as_str(),
+                shown(&o.data)
+            ));
+        }
+        let writes = state.deltas();
+        let mut written = Vec::new();
+        for (index, key) in close.keys.iter().enumerate() {
+            for (name, value) in writes.get(index).cloned().unwrap_or_default() {
+                let value = value.as_ref().map(|v| v.data.clone());
+                let shown_value = value
+                    .as_deref()
+                    .map_or_else(|| "(deleted)".to_owned(), shown);
+                text.push(format!(
+                    "  state of {:?}: {name:?} = {shown_value}{kept}",
+                    key.as_str()
+                ));
+                written.push(json!({
+                    "key": key.as_str(),
+                    "name": name,
+                    "value": value.as_deref().map_or(Json::Null, data_json),
+                }));
+            }
+        }
+        {
+            let mut counts = self.tally();
+            counts.closes += 1;
+        }
+        self.print(
+            &text,
+            &json!({
+                "event": "close",
+                "shard": close.shard.as_str(),
+                "window": {"start": close.window.start, "end": close.window.end},
+                "keys": close.keys.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
+                "attempt": attempt,
+                "outcome": match &answer {
+                    Ok((outcome, _)) => outcome_json(outcome),
+                    Err(e) => json!({"failed": e.to_string()}),
+                },
+                "kept": acked,
+                "outputs": outputs.iter().map(|o| json!({
+                    "stream": o.stream.as_str(),
+                    "key": o.partition_key.as_str(),
+                    "data": data_json(&o.data),
+                })).collect::<Vec<_>>(),
+                "state": written,
+            }),
         );
     }
 
@@ -357,6 +437,21 @@ impl<H: Handler> Handler for JournaledHandler<H> {
             Err(e) => Err(e),
         };
         self.journal.call(self.lane, records, answer, state);
+        result
+    }
+
+    async fn close_window(
+        &mut self,
+        close: &Arc<WindowClose>,
+        attempt: u32,
+        state: &mut CallState,
+    ) -> Result<Handled<Outcome>, CallError> {
+        let result = self.inner.close_window(close, attempt, state).await;
+        let answer = match &result {
+            Ok(h) => Ok((h.outcome.clone(), h.outputs.as_slice())),
+            Err(e) => Err(e),
+        };
+        self.journal.closed(close, attempt, answer, state);
         result
     }
 

@@ -316,6 +316,7 @@ impl Envelopes {
             },
         };
         Ok(Some(Record {
+            window: None,
             stream,
             shard,
             partition_key: PartitionKey::new(source.partition_key.as_str()),

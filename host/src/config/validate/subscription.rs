@@ -19,6 +19,7 @@ use crate::filter::Filter;
 use crate::ids::{StreamName, SubscriptionName};
 use crate::key_slice::KeySlice;
 use crate::parked::ParkLimits;
+use crate::windows::{WindowBy, WindowSpec};
 
 /// The checks of `subscription[i]`, each naming its key under that prefix.
 pub(super) struct Subscription<'a, 'f> {
@@ -73,7 +74,9 @@ impl Subscription<'_, '_> {
                 Filter::parse(patterns).map_err(|e| self.invalid("filter", e.to_string()))?,
             )),
         };
+        let window = self.window(&sub, dispatch, batch.is_some())?;
         Ok(SubscriptionConfig {
+            window,
             filter,
             canary,
             failure,
@@ -107,6 +110,62 @@ impl Subscription<'_, '_> {
                 defaults::SHUTDOWN_TIMEOUT,
             )?,
         })
+    }
+
+    /// `window`: its size, whom a close is for and its grace; and
+    /// the order it needs (module docs of [`crate::windows`]).
+    fn window(
+        &self,
+        sub: &RawSubscription,
+        dispatch: DispatchMode,
+        batched: bool,
+    ) -> Result<Option<WindowSpec>, ConfigError> {
+        let Some(raw) = &sub.window else {
+            return Ok(None);
+        };
+        let size = self.duration("window.size", Some(&raw.size), Duration::ZERO)?;
+        if size < Duration::from_secs(1) || size > defaults::WINDOW_MAX_SIZE {
+            return Err(self.invalid(
+                "window.size",
+                format!("{} is out of range: a window lasts 1s to 15m", raw.size),
+            ));
+        }
+        let by = match raw.by.as_deref() {
+            None | Some("shard") => WindowBy::Shard,
+            Some("key") => WindowBy::Key,
+            Some(other) => {
+                return Err(self.invalid(
+                    "window.by",
+                    format!("{other:?} is not a choice; use \"shard\" or \"key\""),
+                ));
+            }
+        };
+        let grace = self.duration("window.grace", raw.grace.as_deref(), defaults::WINDOW_GRACE)?;
+        if grace > size {
+            return Err(self.invalid("window.grace", "must not be longer than window.size"));
+        }
+        if batched {
+            return Err(self.invalid(
+                "window",
+                "is not available with batch_size yet: windows run with record handlers",
+            ));
+        }
+        match (by, dispatch) {
+            (_, DispatchMode::Sequential) | (WindowBy::Key, DispatchMode::ByKey(_)) => {}
+            (WindowBy::Key, _) => {
+                return Err(self.invalid(
+                    "window",
+                    "by = \"key\" needs ordered dispatch, where a key's close follows its records: sequential, or workers with by_key = true",
+                ));
+            }
+            (WindowBy::Shard, _) => {
+                return Err(self.invalid(
+                    "window",
+                    "by = \"shard\" needs sequential dispatch (no workers), where a shard's close follows every record of its window",
+                ));
+            }
+        }
+        Ok(Some(WindowSpec { size, by, grace }))
     }
 
     fn start(&self, start: Option<&RawStart>) -> Result<StartPosition, ConfigError> {

@@ -21,6 +21,8 @@ pub(crate) struct LaneMetrics {
     pub(super) calls: Counter,
     pub(super) duration: Histogram,
     pub(super) batch_size: Histogram,
+    /// Window closes, by outcome.
+    pub(super) closes: [Counter; 3],
 }
 
 impl LaneMetrics {
@@ -98,6 +100,13 @@ impl LaneMetrics {
                 &[("subscription", sub)],
                 BATCH_BUCKETS,
             ),
+            closes: ["ack", "reject", "given_up"].map(|o| {
+                t.counter(
+                    "shardlane_window_closes_total",
+                    "Window closes (close-window calls that ended), by how: acked, rejected, given up after max_attempts.",
+                    &[("subscription", sub), ("outcome", o)],
+                )
+            }),
         }
     }
 }

@@ -96,6 +96,7 @@ mod tests {
             .map(|(i, key)| {
                 (
                     Record {
+                        window: None,
                         stream: StreamName::from("s"),
                         shard: ShardId::from("shard"),
                         partition_key: PartitionKey::from(*key),

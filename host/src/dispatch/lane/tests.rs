@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{Lane, LaneMetrics};
-use crate::channel::{Delivery, Record};
+use crate::channel::{Delivery, Record, WindowClose, Work};
 use crate::config::{Config, FailurePolicy, OnFailure, SubscriptionConfig};
 use crate::dispatch::{CallError, Handled, Handler, HandlerFactory, Outcome, Output};
 use crate::failure::{DeadLetterSink, LastFailure, Policy, Put};
@@ -30,6 +30,7 @@ mod batches;
 mod outputs;
 mod quarantine;
 mod runs;
+mod windows;
 
 /// One scripted answer; when the script runs out, everything is acked.
 enum Step {
@@ -142,6 +143,24 @@ impl Handler for Scripted {
         }
     }
 
+    async fn close_window(
+        &mut self,
+        close: &Arc<WindowClose>,
+        attempt: u32,
+        _state: &mut CallState,
+    ) -> Result<Handled<Outcome>, CallError> {
+        self.script.calls.lock().unwrap().push(Call {
+            records: vec![(close.hold.offset, attempt)],
+            instance: self.instance,
+        });
+        match self.script.next() {
+            None => Ok(Handled::new(Outcome::Ack)),
+            Some(Step::One(answer)) => answer.map(Handled::new),
+            Some(Step::OneWith(outcome, outputs)) => Ok(Handled { outcome, outputs }),
+            Some(_) => panic!("a batch or run answer scripted for a close"),
+        }
+    }
+
     fn version(&self, _record: &Record) -> Option<PluginDigest> {
         Some(PluginDigest::of(format!("v{}", self.instance).as_bytes()))
     }
@@ -229,6 +248,7 @@ fn subscription(extra: &str) -> Arc<SubscriptionConfig> {
 fn record(offset: u64, arrival_ms: u64) -> Delivery {
     Delivery {
         record: Arc::new(Record {
+            window: None,
             stream: StreamName::from("orders"),
             shard: ShardId::from("shard-0"),
             partition_key: PartitionKey::new(format!("k{offset}")),
@@ -279,7 +299,7 @@ async fn run_lane(
     sub: Arc<SubscriptionConfig>,
     sink: Option<Arc<Sink>>,
     script: Arc<Script>,
-    records: Vec<Delivery>,
+    records: Vec<impl Into<Work>>,
     stop_after: Option<Duration>,
 ) -> Run {
     let policy = Policy::new(&sub.failure, |stream| {
@@ -295,7 +315,7 @@ async fn run_lane_with(
     sub: Arc<SubscriptionConfig>,
     policy: Policy,
     script: Arc<Script>,
-    records: Vec<Delivery>,
+    records: Vec<impl Into<Work>>,
     stop_after: Option<Duration>,
 ) -> Run {
     let telemetry = Telemetry::new();

@@ -57,6 +57,18 @@ impl HostState {
                 batch_len = len,
                 "{message}"
             ),
+            CallContext::Close(close) => guest_event!(
+                level,
+                subscription,
+                plugin,
+                lane,
+                stream = close.stream.as_str(),
+                shard_id = close.shard.as_str(),
+                window_start = close.window.start,
+                window_end = close.window.end,
+                keys = close.keys.len(),
+                "{message}"
+            ),
             CallContext::Idle => guest_event!(level, subscription, plugin, lane, "{message}"),
         }
     }
