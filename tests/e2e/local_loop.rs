@@ -436,3 +436,73 @@ fn a_contract_0_3_0_plugin_runs_records_through_handle_run() {
         calls[0]
     );
 }
+
+/// Windows in the local loop: records fall in their windows by the
+/// `arrival` each line gives, a record of a later window closes the open
+/// one, the shard's end closes the last, and the journal shows each close
+/// with its state writes; the state after the run is what the closes made.
+#[test]
+fn windows_close_in_the_local_loop_by_arrival_and_at_the_shard_s_end() {
+    let plugin = shardlane_testkit::guests::build().unwrap().windowed;
+    let config = "state = {}\nwindow = { size = \"1m\", by = \"key\" }";
+    let at = |key: &str, amount: u32, arrival: &str| {
+        serde_json::json!({"key": key, "data": {"amount": amount}, "arrival": arrival}).to_string()
+    };
+    let records = [
+        at("a", 1, "2026-12-07T10:00:05Z"),
+        at("b", 2, "2026-12-07T10:00:30Z"),
+        at("a", 3, "2026-12-07T10:00:59Z"),
+        at("a", 4, "2026-12-07T10:01:10Z"),
+        // Older than the open window: late, in no window.
+        at("b", 100, "2026-12-07T10:00:40Z"),
+    ];
+    let ran = run(&plugin, config, &records, &["--strict"]);
+    assert!(ran.success, "{}", ran.stderr);
+    let closes: Vec<(String, u64, Json)> = ran
+        .of("close")
+        .iter()
+        .map(|c| {
+            (
+                str(&c["keys"][0]).to_owned(),
+                c["window"]["start"].as_u64().unwrap(),
+                c["outcome"].clone(),
+            )
+        })
+        .collect();
+    let minute = 1_796_637_600_000; // 2026-12-07T10:00:00Z
+    assert_eq!(
+        closes,
+        [
+            ("a".to_owned(), minute, Json::from("ack")),
+            ("b".to_owned(), minute, Json::from("ack")),
+            ("a".to_owned(), minute + 60_000, Json::from("ack")),
+        ]
+    );
+    let lines = ran.guest_lines();
+    for expected in [
+        format!(
+            "closed key=a window={minute}..{} sum=4 total=4",
+            minute + 60_000
+        ),
+        format!(
+            "closed key=b window={minute}..{} sum=2 total=2",
+            minute + 60_000
+        ),
+        format!(
+            "closed key=a window={}..{} sum=4 total=8",
+            minute + 60_000,
+            minute + 120_000
+        ),
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(&expected)),
+            "{expected}: {}",
+            ran.stderr
+        );
+    }
+    assert!(
+        lines.iter().any(|l| l.starts_with("late key=b ")),
+        "{}",
+        ran.stderr
+    );
+}

@@ -2,7 +2,8 @@
 //! checkpoint: the `windowed` fixture adds each window's sum to its key's
 //! total at the window's close, so a key's committed total is its sum of
 //! amounts only if every window was closed exactly once — across `kill -9`
-//! restarts with the file store (`by = "key"` lanes), on a quiet shard
+//! restarts with the file store (`by = "key"` lanes) and in a DynamoDB
+//! fleet of two under `kill -9` and a hand-over, on a quiet shard
 //! closed by its grace (`by = "shard"`), and across a split and a merge
 //! (a parent's windows close before its children start).
 
@@ -12,11 +13,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use shardlane_testkit::{HostProcess, Kinesis, LogLine, guests, unique_name};
+use shardlane_testkit::{Dynalite, HostProcess, Kinesis, LogLine, guests, unique_name};
 use tokio::task::JoinHandle;
 
 use crate::common::{field, guest_lines, shardlane_bin, trickle};
-use crate::leases::split_then_merge;
+use crate::leases::{env, fleet_config, split_then_merge, wait_counts};
 use crate::state::{committed_totals_of, put_zero_per_key, sums};
 
 const KEYS: usize = 30;
@@ -286,5 +287,78 @@ async fn window_totals_are_exact_across_a_split_and_a_merge() {
     assert!(
         shards.len() >= 5,
         "parents and children closed windows: {shards:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn window_totals_are_exact_in_a_dynamodb_fleet_under_kill_9_and_hand_over() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let dynalite = Dynalite::start().await.unwrap();
+    let stream = unique_name("windows-fleet");
+    let table = unique_name("windows-leases");
+    kinesis.create_stream(&stream, 4).await.unwrap();
+    let env = env(&kinesis, &dynalite);
+    let dir = tempfile::tempdir().unwrap();
+    let config = |owner: &str| {
+        fleet_config(
+            owner,
+            &table,
+            &stream,
+            &guests.windowed,
+            "state = {}\nwindow = { size = \"1s\", by = \"key\", grace = \"200ms\" }\nworkers = 2\nby_key = true",
+        )
+    };
+    std::fs::write(dir.path().join("a.toml"), config("host-a")).unwrap();
+    let start =
+        |owner: &str| HostProcess::start_with(shardlane_bin(), &config(owner), &env).unwrap();
+    let mut hosts = [start("host-a"), start("host-b")];
+    let (stop, producer) = amounts(&kinesis, &stream);
+    wait_counts(&dynalite, &table, &[2, 2], Duration::from_secs(60)).await;
+    let mut all: Vec<LogLine> = Vec::new();
+    for (kill, victim) in [0, 1, 1].into_iter().enumerate() {
+        let before = guest_lines(&hosts[victim].lines(), "closed key=").len();
+        hosts[victim]
+            .wait_for("windows closed", Duration::from_secs(60), |lines| {
+                guest_lines(lines, "closed key=").len() >= before + 10
+            })
+            .await
+            .unwrap_or_else(|e| panic!("before kill {kill}: {e:#}"));
+        hosts[victim].kill9().unwrap();
+        all.extend(hosts[victim].lines());
+        hosts[victim] = start(if victim == 0 { "host-a" } else { "host-b" });
+    }
+    // A graceful hand-over: host-b stops with windows open, host-a takes
+    // every shard and reads those windows again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(hosts[1].terminate().await.unwrap().success());
+    all.extend(hosts[1].lines());
+    wait_counts(&dynalite, &table, &[4], Duration::from_secs(60)).await;
+    stop.store(true, Ordering::SeqCst);
+    let put = producer.await.unwrap();
+    let expected = sums(&put);
+    put_zero_per_key(&kinesis, &stream, expected.keys()).await;
+    let keys: Vec<String> = expected.keys().cloned().collect();
+    let a_config = dir.path().join("a.toml");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let committed = committed_totals_of(&a_config, "fleet", &keys, &env);
+        if committed == expected {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "committed totals never reached the sums: {committed:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(hosts[0].terminate().await.unwrap().success());
+    all.extend(hosts[0].lines());
+    never_over(&all, &expected);
+    eprintln!(
+        "windows in a DynamoDB fleet, 3 kill -9 and a hand-over: {} records over {} keys, {} closes, totals exact",
+        put.len(),
+        expected.len(),
+        guest_lines(&all, "closed key=").len()
     );
 }
