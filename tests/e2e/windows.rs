@@ -362,3 +362,85 @@ async fn window_totals_are_exact_in_a_dynamodb_fleet_under_kill_9_and_hand_over(
         guest_lines(&all, "closed key=").len()
     );
 }
+
+/// Each close's `(key, window start, sum)`, as logged.
+fn closes(lines: &[LogLine]) -> std::collections::BTreeSet<(String, String, i64)> {
+    guest_lines(lines, "closed key=")
+        .iter()
+        .map(|l| {
+            let message = field(l, "message");
+            let word = |name: &str| {
+                message
+                    .split(' ')
+                    .find_map(|w| w.strip_prefix(name))
+                    .unwrap_or_else(|| panic!("{name} in {message}"))
+                    .to_owned()
+            };
+            let window = word("window=");
+            let start = window.split("..").next().unwrap().to_owned();
+            (word("key="), start, word("sum=").parse().unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_of_the_stream_closes_the_same_windows_with_the_same_sums() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let stream = unique_name("windows-replay");
+    kinesis.create_stream(&stream, 2).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("shardlane.toml");
+    let cfg = config(
+        dir.path(),
+        &stream,
+        &guests.windowed,
+        r#"{ size = "1s", by = "key", grace = "200ms" }"#,
+        "workers = 2\nby_key = true",
+    );
+    std::fs::write(&config_path, &cfg).unwrap();
+    let (stop, producer) = amounts(&kinesis, &stream);
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::SeqCst);
+    let expected = sums(&producer.await.unwrap());
+    // Every window of the live run closes: the last by its grace.
+    host.wait_for(
+        "every key's windows closed",
+        Duration::from_secs(60),
+        |lines| closed_totals(lines.iter()) == expected,
+    )
+    .await
+    .unwrap();
+    assert!(host.terminate().await.unwrap().success());
+    let live = closes(&host.lines());
+
+    let args = [
+        "--subscription",
+        "windows",
+        "--from",
+        "-10m",
+        "--name",
+        "again",
+    ];
+    let env = [("AWS_ENDPOINT_URL_KINESIS", kinesis.endpoint())];
+    let mut replay =
+        HostProcess::start_command(shardlane_bin(), "replay", &cfg, &args, &env).unwrap();
+    let status = replay.wait_exit(Duration::from_secs(120)).await.unwrap();
+    assert!(
+        status.success(),
+        "replay: {:?}\n{}",
+        replay.lines(),
+        replay.stderr()
+    );
+    assert_eq!(
+        closes(&replay.lines()),
+        live,
+        "the same windows, the same sums"
+    );
+    let keys: Vec<String> = expected.keys().cloned().collect();
+    assert_eq!(
+        committed_totals_of(&config_path, "windows~replay~again", &keys, &[]),
+        expected
+    );
+}
