@@ -569,3 +569,165 @@ fn a_plugin_larger_than_the_pool_is_refused_naming_the_limit() {
         assert!(line.contains(part), "{part:?} missing: {line}");
     }
 }
+
+/// `windowed-totals` through the host against the emulator: records put
+/// in two bursts a second and a half apart, windows of a second by key;
+/// every close publishes its window's sum once and logs it, the sums of a
+/// key's windows add up to its amounts (exact past 2^53), the record that
+/// is not JSON is rejected, and no `sum` is left in the committed state.
+async fn windowed_totals(lang: Language) {
+    let examples = build_examples(lang).unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let name = |s: &str| unique_name(&format!("{}-{s}", lang.dir()));
+    let (input, output) = (name("amounts"), name("sums"));
+    kinesis.create_stream(&input, 2).await.unwrap();
+    kinesis.create_stream(&output, 1).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("shardlane.toml");
+    let cfg = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[lease]\nstore = \"file\"\npath = \"{}\"\n{}",
+        dir.path().join("leases").display(),
+        subscription(
+            "windows",
+            &input,
+            &examples.windowed_totals,
+            &format!(
+                "start = \"trim_horizon\"\nworkers = 2\nby_key = true\nstate = {{}}\noutputs = [\"{output}\"]\nconfig = {{ output_stream = \"{output}\" }}\nwindow = {{ size = \"1s\", by = \"key\", grace = \"200ms\" }}"
+            ),
+        )
+    );
+    std::fs::write(&config_path, &cfg).unwrap();
+    let burst = |base: i64| -> Vec<(String, Vec<u8>)> {
+        (0..12)
+            .map(|i| {
+                let amount = if i == 0 {
+                    4_000_000_000_000_000
+                } else {
+                    base + i
+                };
+                (
+                    format!("k{}", i % 4),
+                    format!("{{\"amount\": {amount}}}").into_bytes(),
+                )
+            })
+            .collect()
+    };
+    let mut first = burst(-5);
+    first.insert(5, ("k1".into(), b"not json".to_vec()));
+    let second = burst(100);
+    let mut want: BTreeMap<String, i128> = BTreeMap::new();
+    for (key, data) in first.iter().chain(&second) {
+        if let Some(amount) = serde_json::from_slice::<serde_json::Value>(data)
+            .ok()
+            .and_then(|v| v["amount"].as_i64())
+        {
+            *want.entry(key.clone()).or_default() += i128::from(amount);
+        }
+    }
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    kinesis.put_records(&input, &first).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    kinesis.put_records(&input, &second).await.unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    let sums_of = |got: &[(String, Vec<u8>)]| {
+        let mut windows: BTreeMap<(String, u64), i128> = BTreeMap::new();
+        for (key, out) in got {
+            let out: serde_json::Value = serde_json::from_slice(out).unwrap();
+            assert_eq!(out["key"], key.as_str());
+            let start = out["start"].as_u64().unwrap();
+            assert_eq!(out["end"].as_u64().unwrap(), start + 1000);
+            // Parsed from the text: exact past 2^53.
+            let sum: i128 = serde_json::to_string(&out["sum"]).unwrap().parse().unwrap();
+            let before = windows.insert((key.clone(), start), sum);
+            assert!(
+                before.is_none_or(|b| b == sum),
+                "a window published twice, differently"
+            );
+        }
+        windows
+    };
+    let per_key = |windows: &BTreeMap<(String, u64), i128>| {
+        let mut totals: BTreeMap<String, i128> = BTreeMap::new();
+        for ((key, _), sum) in windows {
+            *totals.entry(key.clone()).or_default() += sum;
+        }
+        totals
+    };
+    let published = loop {
+        let published = sums_of(&kinesis.read_all(&output).await.unwrap());
+        if per_key(&published) == want || tokio::time::Instant::now() > deadline {
+            break published;
+        }
+        // Polling the emulator while the windows close.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(host.terminate().await.unwrap().success());
+    assert_eq!(
+        per_key(&published),
+        want,
+        "every key's windows add up to its amounts"
+    );
+    assert!(
+        published.len() >= 8,
+        "two windows per key at least: {published:?}"
+    );
+    // Logged: the same windows and sums.
+    let lines = host.lines();
+    let mut logged: BTreeMap<(String, u64), i128> = BTreeMap::new();
+    for line in guest(&lines, "windows") {
+        let message = field(line, "message");
+        let Some(rest) = message.strip_prefix("window key=") else {
+            continue;
+        };
+        let parts: Vec<&str> = rest.split(' ').collect();
+        let value = |prefix: &str| parts.iter().find_map(|p| p.strip_prefix(prefix)).unwrap();
+        logged.insert(
+            (parts[0].to_owned(), value("start=").parse().unwrap()),
+            value("sum=").parse().unwrap(),
+        );
+    }
+    assert_eq!(logged, published, "logged sums");
+    let rejected = lines
+        .iter()
+        .filter(|l| field(l, "message") == "record skipped")
+        .count();
+    assert_eq!(rejected, 1, "the record that is not JSON");
+    let mut cmd = std::process::Command::new(shardlane_bin());
+    cmd.args(["state", "get", "--subscription", "windows", "--config"])
+        .arg(&config_path);
+    for key in want.keys() {
+        cmd.args(["--key", key]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected: String = want.keys().map(|k| format!("{k}\t(no state)\n")).collect();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        expected,
+        "every window's sum deleted at its close"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_windowed_totals() {
+    windowed_totals(Language::Rust).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_windowed_totals() {
+    windowed_totals(Language::Python).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn javascript_windowed_totals() {
+    windowed_totals(Language::JavaScript).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn c_windowed_totals() {
+    windowed_totals(Language::C).await;
+}

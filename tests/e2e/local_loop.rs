@@ -330,6 +330,75 @@ fn running_total(lang: Language) {
     assert_eq!(rejected[0]["state"], serde_json::json!([]));
 }
 
+/// `windowed-totals` over records with arrival times in two minutes (and
+/// one late record, one that is not JSON): one close per key per window,
+/// each publishing the window's sum, and no `sum` left in state.
+fn windowed_totals(lang: Language) {
+    let plugin = build_examples(lang).unwrap().windowed_totals;
+    let at = |key: &str, amount: i64, second: u32| {
+        let arrival = format!("2026-12-07T10:{:02}:{:02}Z", second / 60, second % 60);
+        serde_json::json!({"key": key, "data": {"amount": amount}, "arrival": arrival}).to_string()
+    };
+    let records = [
+        at("a", 4_000_000_000_000_000, 1),
+        at("b", -7, 10),
+        at("a", 5, 59),
+        serde_json::json!({"key": "b", "data": "not json", "arrival": "2026-12-07T10:00:59Z"})
+            .to_string(),
+        at("b", 3, 61),
+        at("a", 1, 62),
+        at("b", 100, 30), // late: its minute closed
+    ];
+    let config = "workers = 2\nby_key = true\nstate = {}\noutputs = [\"sums\"]\nconfig = { output_stream = \"sums\" }\nwindow = { size = \"60s\", by = \"key\" }";
+    let ran = run(&plugin, config, &records, &[]);
+    assert!(ran.success, "{}", ran.stderr);
+    let minute = 1_796_637_600_000_u64;
+    let mut published: Vec<(String, u64, String)> = Vec::new();
+    for close in ran.of("close") {
+        assert_eq!(close["outcome"], "ack", "{close}");
+        let out: Json = serde_json::from_str(str(&close["outputs"][0]["data"])).unwrap();
+        let key = str(&close["keys"][0]).to_owned();
+        assert_eq!(out["key"], key.as_str(), "{close}");
+        let start = out["start"].as_u64().unwrap();
+        assert_eq!(out["end"].as_u64().unwrap(), start + 60_000, "{close}");
+        assert_eq!(
+            str(&out["id"]),
+            format!("shardId-000000000000/{start}/{key}"),
+            "{close}"
+        );
+        assert_eq!(close["state"][0]["name"], "sum", "{close}");
+        assert!(close["state"][0]["value"].is_null(), "deleted: {close}");
+        published.push((key, start - minute, out["sum"].to_string()));
+    }
+    published.sort();
+    assert_eq!(
+        published,
+        [
+            ("a".to_owned(), 0, "4000000000000005".to_owned()),
+            ("a".to_owned(), 60_000, "1".to_owned()),
+            ("b".to_owned(), 0, "-7".to_owned()),
+            ("b".to_owned(), 60_000, "3".to_owned()),
+        ]
+    );
+    let rejected: Vec<&Json> = ran
+        .calls()
+        .into_iter()
+        .filter(|c| c["kept"] == false)
+        .collect();
+    assert_eq!(rejected.len(), 1, "the record that is not JSON");
+    assert!(
+        ran.guest_lines()
+            .iter()
+            .any(|l| l.starts_with("late key=b amount=100")),
+        "{}",
+        ran.stderr
+    );
+    let summary = &ran.of("summary")[0];
+    for key in ["a", "b"] {
+        assert!(summary["state"][key]["sum"].is_null(), "{summary}");
+    }
+}
+
 /// Every example of `lang`.
 fn every_example(lang: Language) {
     echo(lang);
@@ -337,6 +406,7 @@ fn every_example(lang: Language) {
     poison(lang);
     enrich(lang);
     running_total(lang);
+    windowed_totals(lang);
 }
 
 #[test]

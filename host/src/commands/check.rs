@@ -30,10 +30,11 @@ impl ValidateArgs {
         } in loaded
         {
             println!(
-                "subscription {}: stream {}, plugin {} ({}, {}, {}), {}",
+                "subscription {}: stream {}, plugin {} ({}{}, {}, {}), {}",
                 sub.name,
                 sub.stream,
                 sub.plugin.display(),
+                if plugin.windowed() { "windowed-" } else { "" },
                 plugin.world(),
                 plugin.contract(),
                 plugin.digest(),

@@ -307,6 +307,10 @@ pub struct Examples {
     /// `running-total/dist/running-total.wasm` (contract 0.2.0, per-key
     /// state): adds each record's amount to its key's total.
     pub running_total: PathBuf,
+    /// `windowed-totals/dist/windowed-totals.wasm` (contract 0.3.0,
+    /// windowed): sums each key's amounts per window, published at the
+    /// window's close.
+    pub windowed_totals: PathBuf,
 }
 
 /// Builds `lang`'s examples with `guest-examples/<lang>/build.sh`, once per
@@ -351,6 +355,7 @@ pub fn build_examples(lang: Language) -> anyhow::Result<Examples> {
                 batch_sum: built("batch-sum"),
                 poison: built("poison"),
                 running_total: built("running-total"),
+                windowed_totals: built("windowed-totals"),
             })
         })
         .clone()
