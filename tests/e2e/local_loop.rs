@@ -576,3 +576,46 @@ fn windows_close_in_the_local_loop_by_arrival_and_at_the_shard_s_end() {
         ran.stderr
     );
 }
+
+/// Windows with a batch handler: a close flushes the batch collected
+/// before it, so every record of a window is handled before its close.
+#[test]
+fn windows_close_after_the_batch_before_them() {
+    let plugin = shardlane_testkit::guests::build().unwrap().windowed_batch;
+    let config = "state = {}\nbatch_size = 10\nwindow = { size = \"1m\" }";
+    let at = |key: &str, amount: u32, arrival: &str| {
+        serde_json::json!({"key": key, "data": {"amount": amount}, "arrival": arrival}).to_string()
+    };
+    let records = [
+        at("a", 1, "2026-12-07T10:00:05Z"),
+        at("b", 2, "2026-12-07T10:00:30Z"),
+        at("a", 3, "2026-12-07T10:00:59Z"),
+        at("a", 4, "2026-12-07T10:01:10Z"),
+        at("b", 5, "2026-12-07T10:01:11Z"),
+    ];
+    let ran = run(&plugin, config, &records, &["--strict"]);
+    assert!(ran.success, "{}", ran.stderr);
+    let closes: Vec<Vec<&str>> = ran
+        .of("close")
+        .iter()
+        .map(|c| c["keys"].as_array().unwrap().iter().map(str).collect())
+        .collect();
+    assert_eq!(
+        closes,
+        [vec!["a", "b"], vec!["a", "b"]],
+        "one close per window of the shard"
+    );
+    let lines = ran.guest_lines();
+    for expected in [
+        "closed key=a window=1796637600000..1796637660000 sum=4 total=4",
+        "closed key=b window=1796637600000..1796637660000 sum=2 total=2",
+        "closed key=a window=1796637660000..1796637720000 sum=4 total=8",
+        "closed key=b window=1796637660000..1796637720000 sum=5 total=7",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(expected)),
+            "{expected}: {}",
+            ran.stderr
+        );
+    }
+}

@@ -140,20 +140,27 @@ async fn settle_and_check(
 #[tokio::test(flavor = "multi_thread")]
 async fn window_totals_are_exact_across_kill_9_restarts_with_the_file_store() {
     let guests = guests::build().unwrap();
+    let window = r#"{ size = "1s", by = "key", grace = "200ms" }"#;
+    kill_9_five_times(&guests.windowed, window, "workers = 2\nby_key = true").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batched_window_totals_are_exact_across_kill_9_restarts() {
+    let guests = guests::build().unwrap();
+    let window = r#"{ size = "1s", by = "shard", grace = "200ms" }"#;
+    kill_9_five_times(&guests.windowed_batch, window, "batch_size = 10").await;
+}
+
+/// Runs `plugin` with `window` and `dispatch` on the file store while
+/// amounts flow, kills it with SIGKILL five times, and checks the totals.
+async fn kill_9_five_times(plugin: &Path, window: &str, dispatch: &str) {
     let kinesis = Kinesis::start().await.unwrap();
     let stream = unique_name("windows-kill");
     kinesis.create_stream(&stream, 2).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("shardlane.toml");
-    let cfg = config(
-        dir.path(),
-        &stream,
-        &guests.windowed,
-        r#"{ size = "1s", by = "key", grace = "200ms" }"#,
-        "workers = 2\nby_key = true",
-    );
+    let cfg = config(dir.path(), &stream, plugin, window, dispatch);
     std::fs::write(&config_path, &cfg).unwrap();
-
     let (stop, producer) = amounts(&kinesis, &stream);
     let mut earlier: Vec<LogLine> = Vec::new();
     let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();

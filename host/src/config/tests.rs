@@ -737,6 +737,12 @@ fn windows_take_their_defaults_and_refuse_what_cannot_keep_their_order() {
     use crate::windows::{WindowBy, WindowSpec};
     let sub = |extra: &str| parse(&format!("{MINIMAL}{extra}")).map(|c| c.subscriptions[0].clone());
     assert_eq!(sub("").unwrap().window, None);
+    assert!(
+        sub("window = { size = \"1m\" }\nbatch_size = 10\n")
+            .unwrap()
+            .window
+            .is_some()
+    );
     assert_eq!(
         sub("window = { size = \"60s\" }\n").unwrap().window,
         Some(WindowSpec {
@@ -779,10 +785,6 @@ fn windows_take_their_defaults_and_refuse_what_cannot_keep_their_order() {
         (
             "window = { size = \"1m\", by = \"key\" }\nworkers = 2\n",
             "by = \"key\" needs ordered dispatch",
-        ),
-        (
-            "window = { size = \"1m\" }\nbatch_size = 10\n",
-            "is not available with batch_size yet",
         ),
         ("window = { by = \"key\" }\n", "size"),
     ] {

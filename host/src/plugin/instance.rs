@@ -113,7 +113,7 @@ impl Plugin {
                 self.path.display()
             )),
             (false, Some(_)) => Some(format!(
-                "the subscription has a window, but {} implements {} without close-window: build it for windowed-record-handler (contract 0.3.0)",
+                "the subscription has a window, but {} implements {} without close-window: build it for windowed-record-handler or windowed-batch-handler (contract 0.3.0)",
                 self.path.display(),
                 self.world
             )),

@@ -186,6 +186,9 @@ pub mod guests {
         /// key per window, adding each window's sum to the key's total at
         /// its close.
         pub windowed: PathBuf,
+        /// `tests/guests/windowed-batch` (contract 0.3.0, windowed batch
+        /// world): the same, a batch per call.
+        pub windowed_batch: PathBuf,
     }
 
     /// Builds every guest once per process (release, wasm32-wasip2) into
@@ -259,6 +262,7 @@ pub mod guests {
             runner: out.join("runner.wasm"),
             noop_run: out.join("noop_run.wasm"),
             windowed: out.join("windowed.wasm"),
+            windowed_batch: out.join("windowed_batch.wasm"),
         })
     }
 }

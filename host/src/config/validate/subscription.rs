@@ -74,7 +74,7 @@ impl Subscription<'_, '_> {
                 Filter::parse(patterns).map_err(|e| self.invalid("filter", e.to_string()))?,
             )),
         };
-        let window = self.window(&sub, dispatch, batch.is_some())?;
+        let window = self.window(&sub, dispatch)?;
         Ok(SubscriptionConfig {
             window,
             filter,
@@ -118,7 +118,6 @@ impl Subscription<'_, '_> {
         &self,
         sub: &RawSubscription,
         dispatch: DispatchMode,
-        batched: bool,
     ) -> Result<Option<WindowSpec>, ConfigError> {
         let Some(raw) = &sub.window else {
             return Ok(None);
@@ -143,12 +142,6 @@ impl Subscription<'_, '_> {
         let grace = self.duration("window.grace", raw.grace.as_deref(), defaults::WINDOW_GRACE)?;
         if grace > size {
             return Err(self.invalid("window.grace", "must not be longer than window.size"));
-        }
-        if batched {
-            return Err(self.invalid(
-                "window",
-                "is not available with batch_size yet: windows run with record handlers",
-            ));
         }
         match (by, dispatch) {
             (_, DispatchMode::Sequential) | (WindowBy::Key, DispatchMode::ByKey(_)) => {}
