@@ -158,21 +158,8 @@ impl Journal {
                     .collect(),
                 Err(_) => Vec::new(),
             };
-            for o in &outputs {
-                text.push(format!(
-                    "{indent}  output to {} key {:?}: {}{kept}",
-                    o.stream,
-                    o.partition_key.as_str(),
-                    shown(&o.data)
-                ));
-            }
             let written = writes.get(index).cloned().unwrap_or_default();
-            for (name, value) in &written {
-                let value = value
-                    .as_ref()
-                    .map_or_else(|| "(deleted)".to_owned(), |v| shown(&v.data));
-                text.push(format!("{indent}  state {name:?} = {value}{kept}"));
-            }
+            Self::effect_lines(&mut text, indent, kept, &outputs, &written);
             entries.push(json!({
                 "shard": record.shard.as_str(),
                 "sequence": record.sequence.as_str(),
@@ -199,6 +186,30 @@ impl Journal {
             &text,
             &json!({"event": "call", "lane": lane.0, "records": entries}),
         );
+    }
+
+    /// The lines of one input's outputs and state writes.
+    fn effect_lines(
+        text: &mut Vec<String>,
+        indent: &str,
+        kept: &str,
+        outputs: &[&Output],
+        written: &crate::state::Delta,
+    ) {
+        for o in outputs {
+            text.push(format!(
+                "{indent}  output to {} key {:?}: {}{kept}",
+                o.stream,
+                o.partition_key.as_str(),
+                shown(&o.data)
+            ));
+        }
+        for (name, value) in written {
+            let value = value
+                .as_ref()
+                .map_or_else(|| "(deleted)".to_owned(), |v| shown(&v.data));
+            text.push(format!("{indent}  state {name:?} = {value}{kept}"));
+        }
     }
 
     /// A window's close and its answer, before the lane acts on it.

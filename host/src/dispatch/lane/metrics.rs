@@ -100,13 +100,18 @@ impl LaneMetrics {
                 &[("subscription", sub)],
                 BATCH_BUCKETS,
             ),
-            closes: ["ack", "reject", "given_up"].map(|o| {
-                t.counter(
-                    "shardlane_window_closes_total",
-                    "Window closes (close-window calls that ended), by how: acked, rejected, given up after max_attempts.",
-                    &[("subscription", sub), ("outcome", o)],
-                )
-            }),
+            closes: closes(t, sub),
         }
     }
+}
+
+/// Window closes by how they ended: acked, rejected, given up.
+fn closes(t: &Telemetry, sub: &str) -> [Counter; 3] {
+    ["ack", "reject", "given_up"].map(|o| {
+        t.counter(
+            "shardlane_window_closes_total",
+            "Window closes (close-window calls that ended), by how: acked, rejected, given up after max_attempts.",
+            &[("subscription", sub), ("outcome", o)],
+        )
+    })
 }
