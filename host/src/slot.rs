@@ -233,14 +233,18 @@ impl PluginSlot {
             reason: format!("compilation task failed: {e}"),
         })?;
         let new = match loaded {
-            Ok(new) if new.world() != stable.world() => Err(PluginError::Link {
-                path: self.path.clone(),
-                reason: format!(
-                    "the new version implements {}, the running one {}: a swap cannot change the world",
-                    new.world(),
-                    stable.world()
-                ),
-            }),
+            Ok(new) if new.world() != stable.world() || new.windowed() != stable.windowed() => {
+                Err(PluginError::Link {
+                    path: self.path.clone(),
+                    reason: format!(
+                        "the new version implements {}{}, the running one {}{}: a swap cannot change the world (close-window comes with the subscription's window)",
+                        if new.windowed() { "windowed-" } else { "" },
+                        new.world(),
+                        if stable.windowed() { "windowed-" } else { "" },
+                        stable.world()
+                    ),
+                })
+            }
             other => other,
         };
         if let Err(e) = &new {
@@ -307,7 +311,11 @@ impl PluginSlot {
         })
         .await;
         match loaded {
-            Ok(Ok(Some(plugin))) if plugin.world() == stable.world() => Some(Arc::new(plugin)),
+            Ok(Ok(Some(plugin)))
+                if plugin.world() == stable.world() && plugin.windowed() == stable.windowed() =>
+            {
+                Some(Arc::new(plugin))
+            }
             Ok(Ok(None)) => None,
             Ok(Ok(Some(plugin))) => {
                 tracing::warn!(subscription = %self.subscription, digest = %digest, world = %plugin.world(), running = %stable.world(), "the compile cache's entry implements another world; not used");

@@ -196,10 +196,12 @@ async fn a_quiet_shard_s_window_closes_after_its_grace_once_per_shard() {
     kinesis.create_stream(&stream, 1).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("shardlane.toml");
+    let plugin = dir.path().join("handler.wasm");
+    std::fs::copy(&guests.windowed, &plugin).unwrap();
     let cfg = config(
         dir.path(),
         &stream,
-        &guests.windowed,
+        &plugin,
         r#"{ size = "2s", by = "shard", grace = "500ms" }"#,
         "",
     );
