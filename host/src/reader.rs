@@ -719,7 +719,7 @@ impl ShardReader {
         let mut filtered = Vec::new();
         for (mut record, position) in records {
             let admitted = self.admits(&record);
-            let placed = !admitted || !windowed || self.window_record(&mut record).await;
+            let placed = !admitted || self.window_record(&mut record).await;
             if !placed || (windowed && !self.track(vec![position.clone()]).await) {
                 self.settle_filtered(filtered, reading).await;
                 return false;

@@ -233,18 +233,14 @@ impl PluginSlot {
             reason: format!("compilation task failed: {e}"),
         })?;
         let new = match loaded {
-            Ok(new) if new.world() != stable.world() || new.windowed() != stable.windowed() => {
-                Err(PluginError::Link {
-                    path: self.path.clone(),
-                    reason: format!(
-                        "the new version implements {}{}, the running one {}{}: a swap cannot change the world (close-window comes with the subscription's window)",
-                        if new.windowed() { "windowed-" } else { "" },
-                        new.world(),
-                        if stable.windowed() { "windowed-" } else { "" },
-                        stable.world()
-                    ),
-                })
-            }
+            Ok(new) if new.world_name() != stable.world_name() => Err(PluginError::Link {
+                path: self.path.clone(),
+                reason: format!(
+                    "the new version implements {}, the running one {}: a swap cannot change the world (close-window comes with the subscription's window)",
+                    new.world_name(),
+                    stable.world_name()
+                ),
+            }),
             other => other,
         };
         if let Err(e) = &new {
@@ -311,14 +307,12 @@ impl PluginSlot {
         })
         .await;
         match loaded {
-            Ok(Ok(Some(plugin)))
-                if plugin.world() == stable.world() && plugin.windowed() == stable.windowed() =>
-            {
+            Ok(Ok(Some(plugin))) if plugin.world_name() == stable.world_name() => {
                 Some(Arc::new(plugin))
             }
             Ok(Ok(None)) => None,
             Ok(Ok(Some(plugin))) => {
-                tracing::warn!(subscription = %self.subscription, digest = %digest, world = %plugin.world(), running = %stable.world(), "the compile cache's entry implements another world; not used");
+                tracing::warn!(subscription = %self.subscription, digest = %digest, world = %plugin.world_name(), running = %stable.world_name(), "the compile cache's entry implements another world; not used");
                 None
             }
             Ok(Err(e)) => {

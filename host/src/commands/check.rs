@@ -30,12 +30,11 @@ impl ValidateArgs {
         } in loaded
         {
             println!(
-                "subscription {}: stream {}, plugin {} ({}{}, {}, {}), {}",
+                "subscription {}: stream {}, plugin {} ({}, {}, {}), {}",
                 sub.name,
                 sub.stream,
                 sub.plugin.display(),
-                if plugin.windowed() { "windowed-" } else { "" },
-                plugin.world(),
+                plugin.world_name(),
                 plugin.contract(),
                 plugin.digest(),
                 sub.mode()

@@ -399,7 +399,7 @@ impl<F: HandlerFactory> Lane<F> {
             Some(stage) => {
                 state::prepare(
                     stage,
-                    group,
+                    state::keys_of(group),
                     backoff,
                     hard_stop,
                     &self.subscription.name,
@@ -709,7 +709,19 @@ impl<F: HandlerFactory> Lane<F> {
         attempt: u32,
         batch_len: usize,
     ) -> String {
+        let spoiled = self.count_failure(error);
         let sub = self.subscription.name.as_str();
+        if spoiled {
+            tracing::warn!(subscription = sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, batch_len, error = %error, "handler failed; instance recycled");
+        } else {
+            tracing::error!(subscription = sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, batch_len, error = %error, "guest error: the whole batch failed");
+        }
+        error.to_string()
+    }
+
+    /// Counts a failed call (a record's, a batch's or a close's) by kind,
+    /// and drops the instance when the failure spoils it; true then.
+    fn count_failure(&mut self, error: &CallError) -> bool {
         match error {
             CallError::Trap(_) | CallError::OutOfMemory(_) => self.metrics.traps.inc(),
             CallError::Timeout(_) => self.metrics.timeouts.inc(),
@@ -717,14 +729,12 @@ impl<F: HandlerFactory> Lane<F> {
                 self.metrics.guest_errors.inc()
             }
         }
-        if error.spoils_instance() {
+        let spoiled = error.spoils_instance();
+        if spoiled {
             self.metrics.recycles.inc();
-            tracing::warn!(subscription = sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, batch_len, error = %error, "handler failed; instance recycled");
             self.handler = None;
-        } else {
-            tracing::error!(subscription = sub, lane = self.id.0, shard_id = %record.shard, sequence_number = %record.sequence, attempt, batch_len, error = %error, "guest error: the whole batch failed");
         }
-        error.to_string()
+        spoiled
     }
 
     /// The plugin version the lane's instance runs for `record`.

@@ -104,6 +104,14 @@ impl Plugin {
         )
     }
 
+    /// The world it implements, by its full name: [`Plugin::world`], and
+    /// `windowed-` before it when it exports `close-window`. Two versions
+    /// can replace one another only when these are equal.
+    pub fn world_name(&self) -> String {
+        let windowed = if self.windowed() { "windowed-" } else { "" };
+        format!("{windowed}{}", self.world)
+    }
+
     /// Why it cannot serve a subscription with (or without) `window`, as
     /// the end of a one-line error; `None` when it fits.
     pub fn window_misfit(&self, window: Option<&crate::windows::WindowSpec>) -> Option<String> {
@@ -113,9 +121,9 @@ impl Plugin {
                 self.path.display()
             )),
             (false, Some(_)) => Some(format!(
-                "the subscription has a window, but {} implements {} without close-window: build it for windowed-record-handler or windowed-batch-handler (contract 0.3.0)",
+                "the subscription has a window, but {} implements {}, without close-window: build it for windowed-record-handler or windowed-batch-handler (contract 0.3.0)",
                 self.path.display(),
-                self.world
+                self.world_name()
             )),
             _ => None,
         }

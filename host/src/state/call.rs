@@ -4,7 +4,7 @@
 //! the guest's writes, which are also kept per input record so that each
 //! record's writes can be kept or discarded by its own outcome.
 //!
-//! Pure: the lane builds it with [`super::StateStage::prepare`] before the
+//! Pure: the lane builds it with [`super::StateStage::prepare_keys`] before the
 //! call, the `state` import acts on it during the call, and the lane hands
 //! the acked records' [`Delta`]s to the stage after it.
 

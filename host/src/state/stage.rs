@@ -3,7 +3,7 @@
 //! acked records staged until the checkpoint that passes them commits them
 //! (see "Commit protocol" in [`super`]).
 //!
-//! Shared by the lanes (which [`prepare`](StateStage::prepare) a call's
+//! Shared by the lanes (which [`prepare_keys`](StateStage::prepare_keys) a call's
 //! view and [`stage`](StateStage::stage) acked records' writes) and the
 //! lease keeper (which [`open`](StateStage::open)s and
 //! [`close`](StateStage::close)s a shard's session as it takes and loses
@@ -114,25 +114,13 @@ impl StateStage {
         f(&mut guard)
     }
 
-    /// The view of a call handling `records` (with their tickets, in call
-    /// order): each distinct key's current state, read from the store when
-    /// this session has not seen the key yet.
+    /// The view of a call whose inputs are these keys (a call's records'
+    /// partition keys, or a window close's keys), in call order, each with
+    /// its shard and reader session: each distinct key's current state,
+    /// read from the store when this session has not seen the key yet.
     ///
     /// # Errors
     /// The store could not be read (the lane waits and tries again).
-    pub(crate) async fn prepare(
-        &self,
-        records: impl Iterator<Item = (&Record, &Ticket)>,
-    ) -> Result<CallState, LeaseError> {
-        self.prepare_keys(records.map(|(r, t)| (&r.partition_key, &t.shard, t.session)))
-            .await
-    }
-
-    /// The view of a call whose inputs are these keys, each read in its
-    /// shard's `session` (a window's close: its keys, on its shard).
-    ///
-    /// # Errors
-    /// As [`StateStage::prepare`].
     pub(crate) async fn prepare_keys<'k>(
         &self,
         inputs_keys: impl Iterator<Item = (&'k PartitionKey, &'k ShardId, SessionId)>,
@@ -437,7 +425,7 @@ mod tests {
     async fn add(stage: &StateStage, seq: u64, key: &str, amount: u64) -> u64 {
         let (record, ticket) = record(seq, key);
         let mut call = stage
-            .prepare([(&record, &ticket)].into_iter())
+            .prepare_keys([(&record.partition_key, &ticket.shard, ticket.session)].into_iter())
             .await
             .unwrap();
         let total = call
@@ -510,7 +498,7 @@ mod tests {
         let (record, mut ticket) = record(2, "a");
         ticket.session = SessionId(2);
         let mut call = stage
-            .prepare([(&record, &ticket)].into_iter())
+            .prepare_keys([(&record.partition_key, &ticket.shard, ticket.session)].into_iter())
             .await
             .unwrap();
         assert_eq!(call.get(0, "total").unwrap(), Some(b"5".to_vec()));
@@ -518,7 +506,9 @@ mod tests {
         let (old, old_ticket) = super::tests::record(3, "a");
         let (key, base, delta) = {
             let mut c = stage
-                .prepare([(&old, &old_ticket)].into_iter())
+                .prepare_keys(
+                    [(&old.partition_key, &old_ticket.shard, old_ticket.session)].into_iter(),
+                )
                 .await
                 .unwrap();
             c.set(0, "total", b"999".to_vec()).unwrap();

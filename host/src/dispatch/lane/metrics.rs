@@ -21,8 +21,8 @@ pub(crate) struct LaneMetrics {
     pub(super) calls: Counter,
     pub(super) duration: Histogram,
     pub(super) batch_size: Histogram,
-    /// Window closes, by outcome.
-    pub(super) closes: [Counter; 3],
+    /// Window closes, by how they ended.
+    pub(super) closes: CloseCounters,
 }
 
 impl LaneMetrics {
@@ -105,13 +105,24 @@ impl LaneMetrics {
     }
 }
 
-/// Window closes by how they ended: acked, rejected, given up.
-fn closes(t: &Telemetry, sub: &str) -> [Counter; 3] {
-    ["ack", "reject", "given_up"].map(|o| {
+/// Window closes by how they ended (`shardlane_window_closes_total`).
+pub(crate) struct CloseCounters {
+    pub(super) acked: Counter,
+    pub(super) rejected: Counter,
+    pub(super) given_up: Counter,
+}
+
+fn closes(t: &Telemetry, sub: &str) -> CloseCounters {
+    let outcome = |o: &str| {
         t.counter(
             "shardlane_window_closes_total",
             "Window closes (close-window calls that ended), by how: acked, rejected, given up after max_attempts.",
             &[("subscription", sub), ("outcome", o)],
         )
-    })
+    };
+    CloseCounters {
+        acked: outcome("ack"),
+        rejected: outcome("reject"),
+        given_up: outcome("given_up"),
+    }
 }

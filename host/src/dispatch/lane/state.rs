@@ -17,27 +17,30 @@ use tokio_util::sync::CancellationToken;
 use super::{Item, sleep};
 use crate::backoff::Backoff;
 use crate::dispatch::Outcome;
-use crate::ids::{LaneId, SubscriptionName};
+use crate::ids::{LaneId, PartitionKey, SessionId, ShardId, SubscriptionName};
 use crate::state::{CallState, StateStage};
 
 /// The retry reason of an ack [`forbid_dependent_acks`] turned back.
 pub(super) const DEPENDENT: &str =
     "state: an earlier record of this key in the batch wrote state and did not ack";
 
-/// The view for a call of `group`, waiting out a store that cannot be
-/// read (no attempt counted: the records never reached the guest). None
-/// when `stop` fired first.
-pub(super) async fn prepare(
+/// The view for a call whose inputs are `keys` (each with its shard and
+/// reader session: a group's records, or a window close's keys), waiting
+/// out a store that cannot be read (no attempt counted: nothing reached
+/// the guest). None when `stop` fired first.
+pub(super) async fn prepare<'k, K>(
     stage: &Arc<StateStage>,
-    group: &[Item],
+    keys: K,
     backoff: &mut Backoff,
     stop: &CancellationToken,
     subscription: &SubscriptionName,
     lane: LaneId,
-) -> Option<CallState> {
+) -> Option<CallState>
+where
+    K: Iterator<Item = (&'k PartitionKey, &'k ShardId, SessionId)> + Clone,
+{
     loop {
-        let records = group.iter().map(|i| (&*i.record, &i.ticket));
-        match stage.prepare(records).await {
+        match stage.prepare_keys(keys.clone()).await {
             Ok(state) => return Some(state),
             Err(e) => {
                 tracing::warn!(subscription = %subscription, lane = lane.0, error = %e, "cannot read state for the next call; trying again");
@@ -47,6 +50,15 @@ pub(super) async fn prepare(
             }
         }
     }
+}
+
+/// The keys of `group`'s records, as [`prepare`] takes them.
+pub(super) fn keys_of(
+    group: &[Item],
+) -> impl Iterator<Item = (&PartitionKey, &ShardId, SessionId)> + Clone {
+    group
+        .iter()
+        .map(|i| (&i.record.partition_key, &i.ticket.shard, i.ticket.session))
 }
 
 /// Turns into retries the acks that `state` forbids (module docs).
@@ -114,7 +126,11 @@ mod tests {
             })
             .collect();
         let mut state = stage
-            .prepare(items.iter().map(|(r, t)| (r, t)))
+            .prepare_keys(
+                items
+                    .iter()
+                    .map(|(r, t)| (&r.partition_key, &t.shard, t.session)),
+            )
             .await
             .unwrap();
         for &input in writers {

@@ -1,6 +1,6 @@
-//! A window's close at its lane (see "Windows" in [`crate::reader`] for
-//! the protocol): the guest's `close-window`, its state writes staged
-//! under the close's position, its outputs published, and the span's hold
+//! A window's close at its lane (the reader's `windowing` module holds the
+//! protocol): the guest's `close-window`, its state writes staged under
+//! the close's position, its outputs published, and the window's hold
 //! settled — once, when the close is done.
 //!
 //! A close is retried like a record: a `retry`, a trap or a timeout counts
@@ -18,9 +18,17 @@ use tokio_util::sync::CancellationToken;
 use super::{Lane, sleep};
 use crate::channel::WindowClose;
 use crate::config::OnFailure;
-use crate::dispatch::{CallError, Handled, Handler, HandlerFactory, Outcome};
+use crate::dispatch::{Handled, Handler, HandlerFactory, Outcome};
 use crate::settlement::SettlementMsg;
 use crate::state::CallState;
+
+/// Why a close was given up.
+enum GiveUp {
+    /// The plugin rejected it.
+    Rejected,
+    /// Out of `max_attempts`, with an `on_failure` other than `block`.
+    OutOfAttempts,
+}
 
 /// How one try of a close ended.
 enum Tried {
@@ -64,8 +72,8 @@ impl<F: HandlerFactory> Lane<F> {
                     },
                     _,
                 ) => {
-                    self.give_up_close(close, 1, &format!("rejected: {reason}"))
-                        .await;
+                    let reason = format!("rejected: {reason}");
+                    self.give_up_close(close, GiveUp::Rejected, &reason).await;
                     return true;
                 }
                 Tried::Done(
@@ -82,7 +90,8 @@ impl<F: HandlerFactory> Lane<F> {
             let policy = &self.subscription.failure;
             let out_of_attempts = policy.max_attempts.is_some_and(|max| attempt >= max);
             if out_of_attempts && policy.on_failure != OnFailure::Block {
-                self.give_up_close(close, 2, &reason).await;
+                self.give_up_close(close, GiveUp::OutOfAttempts, &reason)
+                    .await;
                 return true;
             }
             tracing::warn!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %close.shard, window = %close.window, attempt, reason, "window close failed; trying again");
@@ -102,18 +111,11 @@ impl<F: HandlerFactory> Lane<F> {
         hard_stop: &CancellationToken,
     ) -> Option<Tried> {
         let mut state = match &self.state {
-            Some(stage) => loop {
+            Some(stage) => {
                 let keys = close.keys.iter().map(|k| (k, &close.shard, close.session));
-                match stage.prepare_keys(keys).await {
-                    Ok(state) => break state,
-                    Err(e) => {
-                        tracing::warn!(subscription = %self.subscription.name, lane = self.id.0, error = %e, "cannot read state for a window's close; trying again");
-                        if !sleep(backoff.next_wait(), hard_stop).await {
-                            return None;
-                        }
-                    }
-                }
-            },
+                let (sub, lane) = (&self.subscription.name, self.id);
+                super::state::prepare(stage, keys, backoff, hard_stop, sub, lane).await?
+            }
             None => CallState::default(),
         };
         let handler = self.handler(backoff, hard_stop).await?;
@@ -126,22 +128,11 @@ impl<F: HandlerFactory> Lane<F> {
         self.metrics.calls.inc();
         Some(match result {
             Ok(handled) => Tried::Done(handled, state),
-            Err(e) => Tried::Failed(self.close_failed(&e)),
+            Err(e) => {
+                self.count_failure(&e);
+                Tried::Failed(e.to_string())
+            }
         })
-    }
-
-    /// Counts a failed call and drops a spoiled instance; the reason.
-    fn close_failed(&mut self, e: &CallError) -> String {
-        match e {
-            CallError::Timeout(_) => self.metrics.timeouts.inc(),
-            CallError::Trap(_) | CallError::OutOfMemory(_) => self.metrics.traps.inc(),
-            _ => self.metrics.guest_errors.inc(),
-        }
-        if e.spoils_instance() {
-            self.metrics.recycles.inc();
-            self.handler = None;
-        }
-        e.to_string()
     }
 
     /// An acked close: its writes staged, its outputs published (which
@@ -160,7 +151,7 @@ impl<F: HandlerFactory> Lane<F> {
                 }
             }
         }
-        self.metrics.closes[0].inc();
+        self.metrics.closes.acked.inc();
         if outputs.is_empty() {
             self.settle(SettlementMsg::Settle(close.hold.clone())).await;
         } else {
@@ -168,10 +159,12 @@ impl<F: HandlerFactory> Lane<F> {
         }
     }
 
-    /// A close given up (`how`: 1 rejected, 2 out of attempts): nothing
-    /// of it is kept, and the hold settles.
-    async fn give_up_close(&mut self, close: &WindowClose, how: usize, reason: &str) {
-        self.metrics.closes[how].inc();
+    /// A close given up: nothing of it is kept, and the hold settles.
+    async fn give_up_close(&mut self, close: &WindowClose, how: GiveUp, reason: &str) {
+        match how {
+            GiveUp::Rejected => self.metrics.closes.rejected.inc(),
+            GiveUp::OutOfAttempts => self.metrics.closes.given_up.inc(),
+        }
         tracing::error!(subscription = %self.subscription.name, lane = self.id.0, shard_id = %close.shard, window = %close.window, keys = close.keys.len(), reason, "window close given up: its state writes and outputs are dropped");
         self.settle(SettlementMsg::Settle(close.hold.clone())).await;
     }
