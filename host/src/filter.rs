@@ -64,16 +64,45 @@
 
 use std::borrow::Cow;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::ids::FilterDigest;
 
 /// Lambda's limits.
 const MAX_PATTERNS: usize = 5;
 const MAX_PATTERN_BYTES: usize = 4096;
 const MAX_DEPTH: usize = 32;
 
+/// A filter as a version carries it: its patterns' canonical text (each
+/// re-written as compact JSON with its keys in order, so the same patterns
+/// written two ways are one filter) and the digest of that text. The
+/// fleet's versions keep it (see `crate::fleet_versions`); every instance
+/// compiles it with [`FilterText::compile`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterText {
+    /// The digest of the patterns' canonical text.
+    pub digest: FilterDigest,
+    /// The patterns, canonical.
+    pub patterns: Vec<String>,
+}
+
+impl FilterText {
+    /// The filter these patterns make.
+    ///
+    /// # Errors
+    /// As [`Filter::parse`] (a text kept by another release may break a
+    /// rule of this one).
+    pub fn compile(&self) -> Result<Filter, FilterError> {
+        Filter::parse(&self.patterns)
+    }
+}
+
 /// A subscription's filter: the patterns, any of which lets a record in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Filter {
+    /// Its canonical text and digest.
+    text: FilterText,
     patterns: Vec<Pattern>,
     /// What of `data` some pattern looks at (`None`: nothing, so it is
     /// never parsed).
@@ -170,6 +199,7 @@ impl Filter {
             return Err(FilterError::TooMany(patterns.len()));
         }
         let mut parsed = Vec::with_capacity(patterns.len());
+        let mut canonical = Vec::with_capacity(patterns.len());
         for (i, text) in patterns.iter().enumerate() {
             let fault = |fault: String| FilterError::Pattern {
                 index: i + 1,
@@ -185,12 +215,18 @@ impl Filter {
             let value: Value =
                 serde_json::from_str(text).map_err(|e| fault(format!("not JSON: {e}")))?;
             parsed.push(object(&value, "", 0).map_err(fault)?);
+            canonical.push(value.to_string());
         }
         let mut top = Shape::default();
         for pattern in &parsed {
             top.add(pattern);
         }
+        let whole = serde_json::to_vec(&canonical).unwrap_or_default();
         Ok(Self {
+            text: FilterText {
+                digest: FilterDigest::of(&whole),
+                patterns: canonical,
+            },
             patterns: parsed
                 .into_iter()
                 .map(|object| Pattern {
@@ -200,6 +236,16 @@ impl Filter {
                 .collect(),
             data_shape: top.fields.remove("data"),
         })
+    }
+
+    /// Its canonical text and digest.
+    pub fn text(&self) -> &FilterText {
+        &self.text
+    }
+
+    /// Its digest.
+    pub fn digest(&self) -> &FilterDigest {
+        &self.text.digest
     }
 
     /// Whether the record lets in: `data` is parsed only when some pattern

@@ -38,6 +38,25 @@
 //! same, so a deploy through a store the instances do not read is refused
 //! ([`VersionsError::OtherStore`]) instead of recorded and never run.
 //!
+//! # A filter is part of the version
+//! The stable version is a plugin *and* the subscription's filter
+//! ([`crate::filter`]): [`FleetVersions::filter`] names it by its digest
+//! ([`FilterText`]: the patterns' canonical text), and every history entry
+//! records the filter in force after it. So a filter change is a deploy
+//! ([`Command::DeployFilter`], alone or with a new plugin, one revision),
+//! it shows in the history, and a rollback sets plugin and filter back
+//! together to the version before (or to the latest other version with the
+//! plugin named). The texts of the stable filter and of the latest
+//! [`FILTERS_KEPT`] distinct ones before it are kept in the value (a
+//! filter is at most five patterns of 4096 bytes), so a rollback needs no
+//! store; a rollback to a version whose filter text was dropped is refused
+//! ([`VersionsError::FilterGone`]). A config's `filter` is declared like its
+//! `plugin` (with it, into an empty fleet; on a lone host, a filter it
+//! never declared before becomes the fleet's). A canary's candidate and a
+//! shadow run behind the stable version's filter (it is applied by the
+//! readers, before any routing), and a filter deploy is refused while a
+//! canary runs, like any deploy.
+//!
 //! # Every rollout has an identity
 //! Each change moves [`FleetVersions::revision`] on; a canary or a shadow
 //! is known by the revision that started it ([`CanaryPlan::id`],
@@ -54,7 +73,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::PluginDigest;
+use crate::filter::FilterText;
+use crate::ids::{FilterDigest, PluginDigest};
 
 /// History entries kept per subscription (the oldest are dropped first):
 /// a DynamoDB item holds at most 400 KB, and an entry is ~300 bytes.
@@ -62,6 +82,12 @@ pub(crate) const HISTORY_KEPT: usize = 200;
 
 /// Config digests remembered as declared (see "The config's `plugin`").
 pub(crate) const DECLARED_KEPT: usize = 256;
+
+/// Filters' texts kept: the stable version's and the latest distinct ones
+/// before it (a rollback goes back to them). Eight filters at Lambda's
+/// limits (five patterns of 4096 bytes) take 160 KB of a DynamoDB item's
+/// 400 KB.
+pub(crate) const FILTERS_KEPT: usize = 8;
 
 /// The fleet's versions of one subscription (see the module docs).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -92,6 +118,19 @@ pub struct FleetVersions {
     /// Every change, oldest first (the last [`HISTORY_KEPT`]).
     #[serde(default)]
     pub history: Vec<Change>,
+    /// The stable version's filter (`None`: every record goes in); its
+    /// text is in [`Self::filters`] (module docs, "A filter is part of the
+    /// version").
+    #[serde(default)]
+    pub filter: Option<FilterDigest>,
+    /// The texts of the stable version's filter and of the latest ones
+    /// before it (the last [`FILTERS_KEPT`] distinct ones).
+    #[serde(default)]
+    pub filters: Vec<FilterText>,
+    /// Filters that configs declared (`None`: no filter), oldest first
+    /// (the last [`DECLARED_KEPT`]).
+    #[serde(default)]
+    pub declared_filters: Vec<Option<FilterDigest>>,
 }
 
 /// A version a change brings: its digest, and the artifact store its
@@ -266,6 +305,9 @@ pub struct Change {
     /// The version it names: the new stable one, the candidate, or the
     /// version rolled back to.
     pub digest: PluginDigest,
+    /// The stable version's filter after it (`None`: none).
+    #[serde(default)]
+    pub filter: Option<FilterDigest>,
     /// Why, or the figures of an automatic decision.
     #[serde(default)]
     pub note: String,
@@ -324,14 +366,24 @@ impl fmt::Display for Action {
 /// A change asked for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
-    /// Make a version the stable one.
+    /// Make a version the stable one (its filter stays).
     Deploy(Stored),
+    /// Set the stable version's filter (`None`: none), with a new plugin
+    /// or the running one: one change, deployed and rolled back as one.
+    DeployFilter {
+        /// The filter.
+        filter: Option<FilterText>,
+        /// A new plugin with it; `None`: the stable one.
+        plugin: Option<Stored>,
+    },
     /// A config's `plugin` (and `canary`): the first versions of an empty
     /// fleet, or, on a host that is its whole fleet (`lone`), bytes its
     /// config never declared before (see the module docs).
     Declare {
         /// The config's `plugin`.
         stable: Stored,
+        /// The config's `filter` (`None`: none).
+        filter: Option<FilterText>,
         /// The config's `canary`, when it names one.
         canary: Option<CanaryStart>,
         /// The host is the whole fleet (a memory or file lease store).
@@ -411,6 +463,11 @@ pub enum VersionsError {
         /// Where this version was stored (`none` without a store).
         given: String,
     },
+    /// A rollback to a version whose filter's text is no longer kept.
+    #[error(
+        "the filter {0} of that version is no longer kept (the last {FILTERS_KEPT} are): deploy it again with `shardlane deploy --filter`"
+    )]
+    FilterGone(FilterDigest),
     /// Nothing to change (the version is the one that runs already, or a
     /// fleet that has versions is declared to).
     #[error("nothing to change: {0}")]
@@ -442,16 +499,18 @@ impl FleetVersions {
         let mut next = self.clone();
         next.revision = self.revision + 1;
         let (action, digest, note) = match command {
-            Command::Deploy(stored) => next.deploy(stored)?,
+            Command::Deploy(stored) => next.deploy(Some(stored), None)?,
+            Command::DeployFilter { filter, plugin } => next.deploy(plugin, Some(filter))?,
             Command::Declare {
                 stable,
+                filter,
                 canary,
                 lone,
             } => {
                 return if lone {
-                    next.declare_lone(stable, canary, by, now_ms)
+                    next.declare_lone(stable, filter, canary, by, now_ms)
                 } else {
-                    next.declare(stable, canary, by, now_ms)
+                    next.declare(stable, filter, canary, by, now_ms)
                 };
             }
             Command::Canary(start) => next.start_canary(start, now_ms)?,
@@ -487,24 +546,92 @@ impl FleetVersions {
         Ok(next)
     }
 
-    /// A new stable version by command.
-    fn deploy(&mut self, stored: Stored) -> Result<Done, VersionsError> {
+    /// A new stable version by command: a new `plugin` (`None`: the
+    /// stable one), a new `filter` (`None`: the stable one's), or both.
+    fn deploy(
+        &mut self,
+        plugin: Option<Stored>,
+        filter: Option<Option<FilterText>>,
+    ) -> Result<Done, VersionsError> {
         self.no_canary()?;
-        if self.stable.as_ref() == Some(&stored.digest) {
+        let digest = match &plugin {
+            Some(stored) => stored.digest.clone(),
+            None => self.stable.clone().ok_or(VersionsError::NothingDeployed)?,
+        };
+        let filter_digest = match &filter {
+            Some(text) => text.as_ref().map(|t| t.digest.clone()),
+            None => self.filter.clone(),
+        };
+        if self.stable.as_ref() == Some(&digest) && self.filter == filter_digest {
             return Err(VersionsError::Unchanged(format!(
-                "{} runs already",
-                stored.digest
+                "{digest} with {} runs already",
+                filter_words(filter_digest.as_ref())
             )));
         }
-        self.stored_in(&stored)?;
-        self.stable = Some(stored.digest.clone());
-        Ok((Action::Deploy, stored.digest, String::new()))
+        if let Some(stored) = &plugin {
+            self.stored_in(stored)?;
+        }
+        self.stable = Some(digest.clone());
+        let note = match filter {
+            Some(text) => {
+                self.set_filter(text);
+                format!("with {}", filter_words(self.filter.as_ref()))
+            }
+            None => String::new(),
+        };
+        Ok((Action::Deploy, digest, note))
+    }
+
+    /// Makes `text` the stable version's filter, keeping its text.
+    fn set_filter(&mut self, text: Option<FilterText>) {
+        self.filter = text.as_ref().map(|t| t.digest.clone());
+        if let Some(text) = text
+            && !self.filters.iter().any(|t| t.digest == text.digest)
+        {
+            self.filters.push(text);
+        }
+    }
+
+    /// Keeps the texts of the stable filter and of the latest distinct
+    /// ones before it ([`FILTERS_KEPT`] in all).
+    fn keep_filters(&mut self) {
+        let mut wanted: Vec<&FilterDigest> = self.filter.iter().collect();
+        for change in self.history.iter().rev().filter(|c| c.made_stable()) {
+            if wanted.len() >= FILTERS_KEPT {
+                break;
+            }
+            if let Some(digest) = &change.filter
+                && !wanted.contains(&digest)
+            {
+                wanted.push(digest);
+            }
+        }
+        let wanted: Vec<FilterDigest> = wanted.into_iter().cloned().collect();
+        self.filters.retain(|t| wanted.contains(&t.digest));
+    }
+
+    /// The text of the stable version's filter (`None`: no filter).
+    ///
+    /// # Errors
+    /// [`VersionsError::FilterGone`] when its text is missing (a value
+    /// written by hand).
+    pub fn stable_filter(&self) -> Result<Option<&FilterText>, VersionsError> {
+        match &self.filter {
+            None => Ok(None),
+            Some(digest) => self
+                .filters
+                .iter()
+                .find(|t| &t.digest == digest)
+                .map(Some)
+                .ok_or_else(|| VersionsError::FilterGone(digest.clone())),
+        }
     }
 
     /// The first versions of an empty fleet (module docs).
     fn declare(
         mut self,
         stable: Stored,
+        filter: Option<FilterText>,
         canary: Option<CanaryStart>,
         by: &str,
         now_ms: u64,
@@ -516,14 +643,14 @@ impl FleetVersions {
         }
         self.stored_in(&stable)?;
         self.remember_declared(stable.digest.clone());
+        self.remember_declared_filter(filter.as_ref().map(|t| t.digest.clone()));
         self.stable = Some(stable.digest.clone());
-        self.record(
-            now_ms,
-            by,
-            Action::Declared,
-            stable.digest,
-            "the config's plugin",
+        self.set_filter(filter);
+        let note = format!(
+            "the config's plugin, {}",
+            filter_words(self.filter.as_ref())
         );
+        self.record(now_ms, by, Action::Declared, stable.digest, &note);
         // The canary is part of the same change (one revision: the write
         // is conditional on the one before).
         if let Some(start) = canary {
@@ -535,22 +662,27 @@ impl FleetVersions {
     }
 
     /// A lone host's config (module docs): the bytes of `stable` (and
-    /// `canary`) it never declared before become the fleet's, a config
-    /// change winning over a canary under way; bytes declared before
-    /// change nothing, so a restart never undoes a command.
+    /// `canary`) and the `filter` it never declared before become the
+    /// fleet's, a config change of the plugin winning over a canary under
+    /// way; what was declared before changes nothing, so a restart never
+    /// undoes a command.
     fn declare_lone(
         mut self,
         stable: Stored,
+        filter: Option<FilterText>,
         canary: Option<CanaryStart>,
         by: &str,
         now_ms: u64,
     ) -> Result<Self, VersionsError> {
         let new_stable = !self.declared.contains(&stable.digest);
+        let filter_digest = filter.as_ref().map(|t| t.digest.clone());
+        let new_filter = !self.declared_filters.contains(&filter_digest);
         let canary = canary.filter(|c| !self.declared.contains(&c.candidate.digest));
-        if !new_stable && canary.is_none() {
+        if !new_stable && !new_filter && canary.is_none() {
             return Err(VersionsError::Unchanged(format!(
-                "{} was declared before",
-                stable.digest
+                "{} and {} were declared before",
+                stable.digest,
+                filter_words(filter_digest.as_ref())
             )));
         }
         if new_stable {
@@ -561,8 +693,20 @@ impl FleetVersions {
                 self.record(now_ms, by, Action::CanaryRollback, running.candidate, note);
             }
             self.stable = Some(stable.digest.clone());
-            let note = "the config's plugin";
-            self.record(now_ms, by, Action::Declared, stable.digest, note);
+        }
+        if new_filter {
+            self.remember_declared_filter(filter_digest);
+            self.set_filter(filter);
+        }
+        if new_stable || new_filter {
+            let what = match (new_stable, new_filter) {
+                (true, false) => "the config's plugin",
+                (false, _) => "the config's filter",
+                (true, true) => "the config's plugin and filter",
+            };
+            let note = format!("{what}: {}", filter_words(self.filter.as_ref()));
+            let digest = self.stable.clone().unwrap_or(stable.digest);
+            self.record(now_ms, by, Action::Declared, digest, &note);
         }
         if let Some(start) = canary
             && self.canary.is_none()
@@ -580,6 +724,16 @@ impl FleetVersions {
         self.declared.push(digest);
         if self.declared.len() > DECLARED_KEPT {
             self.declared.remove(0);
+        }
+    }
+
+    /// Notes that a config declared the filter `digest` (the last
+    /// [`DECLARED_KEPT`]).
+    fn remember_declared_filter(&mut self, digest: Option<FilterDigest>) {
+        self.declared_filters.retain(|d| d != &digest);
+        self.declared_filters.push(digest);
+        if self.declared_filters.len() > DECLARED_KEPT {
+            self.declared_filters.remove(0);
         }
     }
 
@@ -629,7 +783,8 @@ impl FleetVersions {
         }
     }
 
-    /// A rollback: of the canary, or of the stable version to `to` (by
+    /// A rollback: of the canary, or of the stable version — its plugin
+    /// and its filter — to the latest other one with the plugin `to` (by
     /// default the one before it).
     fn rollback(&mut self, to: Option<PluginDigest>) -> Result<Done, VersionsError> {
         if let Some(canary) = &self.canary {
@@ -641,16 +796,38 @@ impl FleetVersions {
             return Ok((Action::CanaryRollback, candidate, String::new()));
         }
         let stable = self.stable.clone().ok_or(VersionsError::NothingDeployed)?;
-        let to = match to {
-            Some(to) if to == stable => {
-                return Err(VersionsError::Unchanged(format!("{to} runs already")));
-            }
-            Some(to) if self.was_stable(&to) => to,
-            Some(to) => return Err(VersionsError::Unknown(to)),
-            None => self.earlier(&stable).ok_or(VersionsError::NoEarlier)?,
+        let current = (stable.clone(), self.filter.clone());
+        let target = match &to {
+            Some(to) if !self.was_stable(to) => return Err(VersionsError::Unknown(to.clone())),
+            Some(to) => self.earlier(&current, Some(to)).ok_or_else(|| {
+                VersionsError::Unchanged(format!(
+                    "{to} with {} runs already",
+                    filter_words(current.1.as_ref())
+                ))
+            })?,
+            None => self
+                .earlier(&current, None)
+                .ok_or(VersionsError::NoEarlier)?,
         };
-        self.stable = Some(to.clone());
-        Ok((Action::Rollback, to, format!("from {}", stable.short())))
+        let (digest, filter) = target;
+        if let Some(gone) = &filter
+            && !self.filters.iter().any(|t| &t.digest == gone)
+        {
+            return Err(VersionsError::FilterGone(gone.clone()));
+        }
+        let note = if filter == current.1 {
+            format!("from {}", stable.short())
+        } else {
+            format!(
+                "from {} with {}, to {}",
+                stable.short(),
+                filter_words(current.1.as_ref()),
+                filter_words(filter.as_ref())
+            )
+        };
+        self.stable = Some(digest.clone());
+        self.filter = filter;
+        Ok((Action::Rollback, digest, note))
     }
 
     /// Checks that `stored` is in the fleet's store, recording it as the
@@ -683,12 +860,14 @@ impl FleetVersions {
             by: by.to_owned(),
             action,
             digest,
+            filter: self.filter.clone(),
             note: note.to_owned(),
         });
         if self.history.len() > HISTORY_KEPT {
             let extra = self.history.len() - HISTORY_KEPT;
             self.history.drain(..extra);
         }
+        self.keep_filters();
     }
 
     /// Whether the history shows `digest` as a stable version once.
@@ -698,15 +877,21 @@ impl FleetVersions {
             .any(|c| &c.digest == digest && c.made_stable())
     }
 
-    /// The stable version before `current`: the newest entry that made
-    /// another version stable, before the one that made `current` stable.
-    fn earlier(&self, current: &PluginDigest) -> Option<PluginDigest> {
-        let mut stables = self.history.iter().rev().filter(|c| c.made_stable());
-        // Skip the entries of the current version at the top.
-        stables
-            .by_ref()
-            .find(|c| &c.digest != current)
-            .map(|c| c.digest.clone())
+    /// The stable version before `current` (a plugin and its filter):
+    /// the newest entry that made another one stable — with the plugin
+    /// `plugin`, when named.
+    fn earlier(
+        &self,
+        current: &(PluginDigest, Option<FilterDigest>),
+        plugin: Option<&PluginDigest>,
+    ) -> Option<(PluginDigest, Option<FilterDigest>)> {
+        self.history
+            .iter()
+            .rev()
+            .filter(|c| c.made_stable())
+            .filter(|c| plugin.is_none_or(|p| &c.digest == p))
+            .map(|c| (c.digest.clone(), c.filter.clone()))
+            .find(|version| version != current)
     }
 
     /// Every version this value names (the ones instances must be able to
@@ -717,6 +902,14 @@ impl FleetVersions {
             .chain(self.canary.as_ref().map(|c| &c.candidate))
             .chain(self.shadow.as_ref())
             .collect()
+    }
+}
+
+/// A filter in words, for notes and messages.
+fn filter_words(filter: Option<&FilterDigest>) -> String {
+    match filter {
+        Some(digest) => format!("filter {}", digest.short()),
+        None => "no filter".to_owned(),
     }
 }
 

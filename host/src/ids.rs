@@ -182,6 +182,32 @@ impl fmt::Display for PluginDigest {
     }
 }
 
+/// A filter's sha256 digest (`sha256:` and 64 hex digits, over the
+/// canonical text of its patterns: see `crate::filter::FilterText`): how
+/// the filter of a version is known in the fleet's versions, their history
+/// and the `filter` label of `shardlane_records_filtered_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct FilterDigest(PluginDigest);
+
+impl FilterDigest {
+    /// The digest of a filter's canonical text.
+    pub fn of(text: &[u8]) -> Self {
+        Self(PluginDigest::of(text))
+    }
+
+    /// `sha256:` and the first 12 hex digits.
+    pub fn short(&self) -> &str {
+        self.0.short()
+    }
+}
+
+impl fmt::Display for FilterDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
 /// One lane of a subscription's dispatch stage (0-based): one handler
 /// instance, one record or batch at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -68,6 +68,7 @@ use crate::lease::{
     ShardSource,
 };
 use crate::outputs::{OutputStage, PUBLISH_QUEUE, PutRecords};
+use crate::reader::filter_feed::FilterFeed;
 use crate::reader::pool::ReaderPool;
 use crate::reader::range::Range;
 use crate::reader::{BeforeRead, Decode, FanOut, ReaderContext, ShardReads, ShardSubscriber};
@@ -100,6 +101,9 @@ pub(crate) struct Parts<F = PluginSlot> {
     /// What readers do to records before handing them out (a redrive
     /// decodes dead-letter envelopes); `None` for the service.
     pub decode: Option<Arc<dyn Decode>>,
+    /// The filter readers apply, as the rollout stage swaps it (a
+    /// replay's, a redrive's and `shardlane test`'s never changes).
+    pub filter: FilterFeed,
 }
 
 /// Where a pipeline's records come from and its effects go.
@@ -281,6 +285,7 @@ impl<F> Parts<F> {
             range: self.range.clone(),
             before_read,
             decode: self.decode.clone(),
+            filter: self.filter.clone(),
         }
     }
 

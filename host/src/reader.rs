@@ -38,6 +38,7 @@
 //! docs): imports only its own floor and those below.
 
 mod fan_out;
+pub(crate) mod filter_feed;
 mod pace;
 pub(crate) mod pool;
 pub(crate) mod range;
@@ -204,6 +205,8 @@ pub(crate) struct ReaderContext {
     /// Applied to each page's records before they are handed out
     /// ([`Decode`]); `None` for the service.
     pub decode: Option<Arc<dyn Decode>>,
+    /// The filter in force (see [`filter_feed`]).
+    pub filter: filter_feed::FilterFeed,
 }
 
 /// How a reader ended.
@@ -236,8 +239,6 @@ struct Reading {
     reads_empty: crate::telemetry::Counter,
     /// Records handed out (each KPL user record counts).
     records: crate::telemetry::Counter,
-    /// Records the subscription's filter kept out (settled at once).
-    filtered: crate::telemetry::Counter,
 }
 
 /// What de-aggregation found on a shard, counted (see [`crate::kpl`]).
@@ -318,13 +319,20 @@ impl Reading {
                 ctx.status.count_records(shard, records.clone());
                 records
             },
-            filtered: ctx.telemetry.counter(
-                "shardlane_records_filtered_total",
-                "Records that matched none of the subscription's filter patterns: settled without a handler call.",
-                &[("subscription", sub)],
-            ),
         }
     }
+}
+
+/// Whether the filter in force lets `record` in.
+fn admits(active: &filter_feed::ActiveFilter, record: &Record) -> bool {
+    active.filter.as_ref().is_none_or(|filter| {
+        filter.admits(&crate::filter::RecordView {
+            partition_key: record.partition_key.as_str(),
+            sequence_number: record.sequence.as_str(),
+            approximate_arrival_ms: record.arrival_ms,
+            data: &record.data,
+        })
+    })
 }
 
 /// The counter of a shard's GetRecords calls (or fan-out events) that
@@ -673,9 +681,13 @@ impl ShardReader {
         }
     }
 
-    /// Unpacks KPL aggregates, tracks the records with settlement, then
-    /// sends them into the channel. False when cancelled on the way.
-    async fn hand_out(&mut self, page: Vec<Fetched>, reading: &mut Reading) -> bool {
+    /// Unpacks KPL aggregates (and decodes, for a redrive) and counts
+    /// them. `None` when cancelled on the way.
+    async fn unpacked(
+        &mut self,
+        page: Vec<Fetched>,
+        reading: &mut Reading,
+    ) -> Option<Vec<(Record, Position)>> {
         let source = unpack::Source {
             stream: &self.ctx.subscription.stream,
             shard: &self.shard,
@@ -691,10 +703,7 @@ impl ShardReader {
             .is_some_and(|s| page.iter().any(|f| &f.sequence >= s.sequence()));
         let mut records = source.unpack(page, self.skip_through.as_ref(), &mut found);
         if let Some(decode) = &self.ctx.decode {
-            match decode.decode(records, &self.cancel).await {
-                Some(decoded) => records = decoded,
-                None => return false,
-            }
+            records = decode.decode(records, &self.cancel).await?;
         }
         if reached {
             self.skip_through = None;
@@ -702,6 +711,15 @@ impl ShardReader {
         reading
             .kpl
             .count(&found, self.ctx.subscription.name.as_str(), &self.shard);
+        Some(records)
+    }
+
+    /// Unpacks a page, tracks its records with settlement, then sends them
+    /// into the channel. False when cancelled on the way.
+    async fn hand_out(&mut self, page: Vec<Fetched>, reading: &mut Reading) -> bool {
+        let Some(records) = self.unpacked(page, reading).await else {
+            return false;
+        };
         if records.is_empty() {
             return true;
         }
@@ -717,11 +735,13 @@ impl ShardReader {
             return false;
         }
         let mut filtered = Vec::new();
+        // One filter per page (a swap takes effect at the next).
+        let active = self.ctx.filter.borrow().clone();
         for (mut record, position) in records {
-            let admitted = self.admits(&record);
+            let admitted = admits(&active, &record);
             let placed = !admitted || self.window_record(&mut record).await;
             if !placed || (windowed && !self.track(vec![position.clone()]).await) {
-                self.settle_filtered(filtered, reading).await;
+                self.settle_filtered(filtered, &active).await;
                 return false;
             }
             let ticket = Ticket {
@@ -745,14 +765,14 @@ impl ShardReader {
             if !self.deliver(delivery.into()).await {
                 // Not sent: `next_offset` (what `Close` reports as handed
                 // out) stays below it, so the drain does not wait for it.
-                self.settle_filtered(filtered, reading).await;
+                self.settle_filtered(filtered, &active).await;
                 return false;
             }
             self.next_offset += 1;
             self.handed_out(&position);
             self.position = ReadFrom::After(position);
         }
-        self.settle_filtered(filtered, reading).await
+        self.settle_filtered(filtered, &active).await
     }
 
     /// Tracks records with settlement, in shard order. False when
@@ -766,25 +786,17 @@ impl ShardReader {
         self.send_settlement(track).await
     }
 
-    /// Whether the subscription's filter lets `record` in.
-    fn admits(&self, record: &crate::channel::Record) -> bool {
-        self.ctx.subscription.filter.as_ref().is_none_or(|filter| {
-            filter.admits(&crate::filter::RecordView {
-                partition_key: record.partition_key.as_str(),
-                sequence_number: record.sequence.as_str(),
-                approximate_arrival_ms: record.arrival_ms,
-                data: &record.data,
-            })
-        })
-    }
-
     /// Settles the records the filter kept out, and counts them. False when
     /// settlement is gone.
-    async fn settle_filtered(&mut self, filtered: Vec<Ticket>, reading: &Reading) -> bool {
+    async fn settle_filtered(
+        &mut self,
+        filtered: Vec<Ticket>,
+        active: &filter_feed::ActiveFilter,
+    ) -> bool {
         if filtered.is_empty() {
             return true;
         }
-        reading.filtered.add(filtered.len() as u64);
+        active.filtered.add(filtered.len() as u64);
         // Not cancellable, as `Close` (which counts these as handed out):
         // settlement always drains its queue, and a drain must not wait
         // for records nobody will settle.

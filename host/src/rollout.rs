@@ -78,14 +78,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::{ArtifactError, ArtifactStore};
 use crate::backoff::Backoff;
+use crate::filter::{Filter, FilterError};
 use crate::fleet_versions::{
     CanaryRules, CanaryStart, Command, FleetVersions, Stored, VersionsError,
 };
-use crate::ids::{OwnerId, PluginDigest, SubscriptionName};
+use crate::ids::{FilterDigest, OwnerId, PluginDigest, SubscriptionName};
 use crate::key_slice::KeySlice;
 use crate::lease::{LeaseError, LeaseStore, VersionsUpdateError, update_versions};
 use crate::logging::LogGate;
 use crate::plugin::{Plugin, PluginError};
+use crate::reader::filter_feed::{ActiveFilter, FilterFeed};
 use crate::slot::{Installed, PluginSlot};
 use crate::telemetry::{Counter, Gauge, ShadowView, SubscriptionStatus, Telemetry};
 
@@ -153,6 +155,9 @@ pub(crate) enum RolloutError {
     /// A stored key fraction that is not one.
     #[error("the fleet's canary has key fraction {0}, which is not one")]
     Fraction(f64),
+    /// The fleet's filter does not compile here.
+    #[error("the fleet's filter {0}: {1}")]
+    Filter(FilterDigest, FilterError),
 }
 
 impl From<VersionsUpdateError> for RolloutError {
@@ -185,6 +190,8 @@ impl Readiness {
 pub(crate) struct Declaration {
     /// The config's `plugin`.
     pub stable: Arc<Plugin>,
+    /// The config's `filter`.
+    pub filter: Option<Arc<Filter>>,
     /// The config's `canary`: its candidate, slice and rules.
     pub canary: Option<(Arc<Plugin>, KeySlice, CanaryRules)>,
     /// The host is its whole fleet (a memory or file lease store).
@@ -277,6 +284,9 @@ pub(crate) struct Rollout {
     metrics: Metrics,
     status: Arc<SubscriptionStatus>,
     tally: canary::Tally,
+    /// The filter the readers apply: the fleet's stable version's.
+    filter: watch::Sender<Arc<ActiveFilter>>,
+    telemetry: Arc<Telemetry>,
 }
 
 impl Rollout {
@@ -288,7 +298,7 @@ impl Rollout {
         artifacts: Option<Arc<ArtifactStore>>,
         owner: OwnerId,
         declaration: Declaration,
-        telemetry: &Telemetry,
+        telemetry: &Arc<Telemetry>,
     ) -> Self {
         let subscription = declaration.stable.subscription().clone();
         let known = declaration
@@ -298,6 +308,13 @@ impl Rollout {
             .chain([declaration.stable.clone()])
             .collect();
         let waiting = "starting: reading the fleet's versions".to_owned();
+        // Replaced by the fleet's before the subscription runs (`converge`).
+        let filter = watch::Sender::new(Arc::new(ActiveFilter::new(
+            telemetry,
+            &subscription,
+            declaration.stable.digest(),
+            declaration.filter.clone(),
+        )));
         let status = telemetry.subscription(&subscription, String::new());
         status.set_waiting(Some(waiting.clone()));
         Self {
@@ -319,7 +336,15 @@ impl Rollout {
             problem_log: Mutex::new(LogGate::every(PROBLEM_LOG_EVERY)),
             missing_log: Mutex::new(LogGate::every(PROBLEM_LOG_EVERY)),
             tally: canary::Tally::default(),
+            filter,
+            telemetry: telemetry.clone(),
         }
+    }
+
+    /// The filter the subscription's readers apply, as the fleet's
+    /// versions change it.
+    pub(crate) fn filter_feed(&self) -> FilterFeed {
+        self.filter.subscribe()
     }
 
     /// Whether the subscription can run here, as it changes.
@@ -581,6 +606,7 @@ impl Rollout {
         let by = format!("config on {}", self.owner);
         let command = Command::Declare {
             stable,
+            filter: self.declaration.filter.as_ref().map(|f| f.text().clone()),
             canary,
             lone: self.declaration.lone,
         };
@@ -656,15 +682,63 @@ impl Rollout {
                 return Err(e);
             }
         };
+        let filter = match self.fleet_filter(&versions) {
+            Ok(filter) => filter,
+            Err(e) => {
+                self.metrics.failures.inc();
+                self.not_running(Some(stable.digest()), &e);
+                return Err(e);
+            }
+        };
+        let version = stable.digest().clone();
         let installed = Installed {
             stable,
             canary: self.candidate(&versions).await,
             shadow: self.shadow(&versions).await,
         };
         self.slot.set(installed, "fleet versions", since).await;
+        self.install_filter(&version, filter);
         *self.switching.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.set_readiness(Readiness::Ready);
         Ok(())
+    }
+
+    /// The fleet's stable filter, compiled (the one in force, when it is
+    /// that one).
+    fn fleet_filter(&self, versions: &FleetVersions) -> Result<Option<Arc<Filter>>, RolloutError> {
+        let Some(text) = versions.stable_filter()? else {
+            return Ok(None);
+        };
+        if let Some(filter) = &self.filter.borrow().filter
+            && filter.digest() == &text.digest
+        {
+            return Ok(Some(filter.clone()));
+        }
+        let filter = text
+            .compile()
+            .map_err(|e| RolloutError::Filter(text.digest.clone(), e))?;
+        Ok(Some(Arc::new(filter)))
+    }
+
+    /// Puts `filter`, of the version whose plugin is `version`, in force
+    /// (the readers take it at their next page).
+    fn install_filter(&self, version: &PluginDigest, filter: Option<Arc<Filter>>) {
+        self.filter.send_if_modified(|active| {
+            if active.is(version, filter.as_deref()) {
+                return false;
+            }
+            if active.filter.as_ref().map(|f| f.digest()) != filter.as_ref().map(|f| f.digest()) {
+                let digest = filter.as_ref().map(|f| f.digest().to_string());
+                tracing::info!(subscription = %self.subscription, filter = digest.as_deref().unwrap_or("none"), "the fleet's filter is in force here");
+            }
+            *active = Arc::new(ActiveFilter::new(
+                &self.telemetry,
+                &self.subscription,
+                version,
+                filter.clone(),
+            ));
+            true
+        });
     }
 
     /// The fleet's versions, the config's declaration made first (once:
@@ -697,6 +771,11 @@ impl Rollout {
             && stable != config
         {
             tracing::warn!(subscription = %self.subscription, config = %config, fleet = %stable, "the config's plugin is not the fleet's version: running the fleet's (`shardlane versions` shows the history; deploy or roll back to change it)");
+        }
+        let config = self.declaration.filter.as_ref().map(|f| f.digest());
+        if versions.stable.is_some() && config != versions.filter.as_ref() {
+            let words = |d: Option<&FilterDigest>| d.map_or("none".to_owned(), ToString::to_string);
+            tracing::warn!(subscription = %self.subscription, config = %words(config), fleet = %words(versions.filter.as_ref()), "the config's filter is not the fleet's: applying the fleet's (`shardlane versions` shows the history; `shardlane deploy --filter` or roll back to change it)");
         }
     }
 

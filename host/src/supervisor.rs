@@ -472,6 +472,7 @@ impl Runner {
         ));
         let declaration = Declaration {
             stable: slot.current(),
+            filter: sub.filter.clone(),
             canary: canary
                 .zip(sub.canary.as_ref())
                 .map(|(candidate, c)| (Arc::new(candidate), c.slice, c.rules.clone())),
@@ -513,6 +514,7 @@ impl Runner {
             telemetry: self.telemetry.clone(),
             range: None,
             decode: None,
+            filter: self.rollout.filter_feed(),
         }
     }
 

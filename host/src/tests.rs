@@ -61,6 +61,12 @@ pub(crate) fn reader_context(
     let status = telemetry.subscription(&subscription.name, subscription.mode());
     let (deliveries_tx, deliveries) = channel();
     let (settlement_tx, settlement) = mpsc::channel(64);
+    let filter = crate::reader::filter_feed::ActiveFilter::fixed(
+        &telemetry,
+        &subscription.name,
+        &crate::ids::PluginDigest::of(b"test"),
+        subscription.filter.clone(),
+    );
     let ctx = ReaderContext {
         reads,
         fan_out,
@@ -72,6 +78,7 @@ pub(crate) fn reader_context(
         range: None,
         before_read: None,
         decode: None,
+        filter,
     };
     (ctx, deliveries, settlement)
 }

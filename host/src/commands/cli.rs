@@ -48,10 +48,10 @@ enum Command {
     /// into a subscription's lease store, to switch without reading the
     /// stream again; stop the KCL application and every instance first.
     ImportKcl(ImportKclArgs),
-    /// Deploy a plugin version to every instance of a subscription: checks
-    /// it against the contract, stores it in `[artifacts] location`, and
-    /// records it in the lease store, which every instance follows within
-    /// seconds.
+    /// Deploy a plugin version (or a filter, or both) to every instance of
+    /// a subscription: checks it against the contract, stores it in
+    /// `[artifacts] location`, and records it in the lease store, which
+    /// every instance follows within seconds.
     Deploy(DeployArgs),
     /// Print a subscription's fleet versions and the history of changes.
     Versions(VersionsArgs),

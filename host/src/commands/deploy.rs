@@ -20,6 +20,7 @@ use anyhow::{Context as _, bail};
 
 use crate::config::{Config, LeaseBackend, SubscriptionConfig, defaults};
 use crate::files::{self, MAX_PLUGIN_BYTES};
+use crate::filter::{Filter, FilterText};
 use crate::fleet_versions::{
     CanaryRules, CanaryStart, Command, FleetVersions, Stored, check_fraction,
 };
@@ -98,18 +99,20 @@ pub(crate) enum DeployAs {
 
 /// `shardlane deploy`: `plugin` becomes the fleet's stable version of
 /// `subscription` (or, with `canary`, a candidate on that fraction of the
-/// keys). Returns the new versions.
+/// keys); with `filter`, the stable version's filter changes with it (or
+/// alone, without `plugin`). Returns the new versions.
 ///
 /// # Errors
 /// One line naming what is wrong: the subscription, the file, the
-/// component (not one, or the wrong world), the artifact store (none
-/// configured for a shared store, a missing bucket or registry), the
-/// rules (a canary already running), the lease store. Nothing is recorded
-/// then.
+/// component (not one, or the wrong world), the filter, the artifact
+/// store (none configured for a shared store, a missing bucket or
+/// registry), the rules (a canary already running), the lease store.
+/// Nothing is recorded then.
 pub(crate) async fn deploy(
     config: &Config,
     subscription_name: &str,
-    plugin: &Path,
+    plugin: Option<&Path>,
+    filter: Option<FilterDeploy>,
     as_: &DeployAs,
 ) -> anyhow::Result<FleetVersions> {
     let sub = subscription(config, subscription_name)?;
@@ -117,6 +120,94 @@ pub(crate) async fn deploy(
         DeployAs::Canary(c) => Some((c.key_fraction, c.rules()?)),
         _ => None,
     };
+    let filter = filter.map(FilterDeploy::text).transpose()?;
+    let store = store(config, sub).await?;
+    let stored = match plugin {
+        Some(plugin) => Some(store_plugin(config, sub, plugin).await?),
+        None => None,
+    };
+    let command = match (as_, canary, stored, filter) {
+        (_, _, plugin, Some(filter)) => Command::DeployFilter { filter, plugin },
+        (_, _, None, None) => bail!("nothing to deploy: give a plugin, --filter or --no-filter"),
+        (DeployAs::Shadow, _, Some(stored), None) => Command::Shadow(stored),
+        (_, Some((key_fraction, rules)), Some(stored), None) => Command::Canary(CanaryStart {
+            candidate: stored,
+            key_fraction,
+            rules,
+        }),
+        (_, _, Some(stored), None) => Command::Deploy(stored),
+    };
+    Ok(update_versions(&*store, &sub.name, command, &by()).await?)
+}
+
+/// A filter `shardlane deploy` was given.
+#[derive(Debug, Clone)]
+pub(crate) enum FilterDeploy {
+    /// The patterns in this file (module docs of `crate::filter`).
+    File(PathBuf),
+    /// No filter.
+    None,
+}
+
+impl FilterDeploy {
+    /// The filter's text, checked; `None` for no filter.
+    ///
+    /// # Errors
+    /// The file unreadable, not one of the two shapes, or a pattern that
+    /// breaks a rule (one line naming it).
+    fn text(self) -> anyhow::Result<Option<FilterText>> {
+        let Self::File(path) = self else {
+            return Ok(None);
+        };
+        let name = path.display();
+        let bytes = files::read_regular(&path, 1 << 20)
+            .with_context(|| format!("cannot read filter {name}"))?;
+        let patterns = filter_patterns(&bytes).with_context(|| format!("filter {name}"))?;
+        if patterns.is_empty() {
+            bail!("filter {name}: no patterns (to deploy no filter, give --no-filter)");
+        }
+        let filter = Filter::parse(&patterns).with_context(|| format!("filter {name}"))?;
+        Ok(Some(filter.text().clone()))
+    }
+}
+
+/// The patterns of a filter file: Lambda's `FilterCriteria`
+/// (`{"Filters": [{"Pattern": "<JSON text>"}, …]}`, as `aws lambda`
+/// takes it), or a JSON list of patterns (each an object, or its text).
+fn filter_patterns(bytes: &[u8]) -> anyhow::Result<Vec<String>> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).context("not JSON")?;
+    let shape = "expected Lambda's FilterCriteria ({\"Filters\": [{\"Pattern\": \"…\"}]}) or a list of patterns";
+    let items = match &value {
+        serde_json::Value::Array(items) => items.iter().collect::<Vec<_>>(),
+        serde_json::Value::Object(map) => match map.get("Filters") {
+            Some(serde_json::Value::Array(filters)) => filters
+                .iter()
+                .map(|f| {
+                    f.get("Pattern")
+                        .ok_or_else(|| anyhow::anyhow!("a filter without \"Pattern\": {shape}"))
+                })
+                .collect::<anyhow::Result<_>>()?,
+            _ => bail!("{shape}"),
+        },
+        _ => bail!("{shape}"),
+    };
+    items
+        .into_iter()
+        .map(|item| match item {
+            serde_json::Value::String(text) => Ok(text.clone()),
+            serde_json::Value::Object(_) => Ok(item.to_string()),
+            other => bail!("a pattern is an object or its JSON text, not {other}"),
+        })
+        .collect()
+}
+
+/// Checks `plugin` as a version of `sub`, stores it in the artifact store
+/// and reads it back (no version without its bytes).
+async fn store_plugin(
+    config: &Config,
+    sub: &SubscriptionConfig,
+    plugin: &Path,
+) -> anyhow::Result<Stored> {
     let bytes = files::read_regular(plugin, MAX_PLUGIN_BYTES)
         .with_context(|| format!("cannot read plugin {}", plugin.display()))?;
     let host = plugin_host(config, None)?;
@@ -155,7 +246,6 @@ pub(crate) async fn deploy(
             sub.name
         );
     }
-    let store = store(config, sub).await?;
     let Some(artifacts) = open_artifacts(config).await else {
         bail!(
             "the config has no [artifacts] location: the fleet's instances could not fetch the new version (set location = \"s3://bucket/prefix\", \"oci://registry/repository\" or a shared folder)"
@@ -170,20 +260,10 @@ pub(crate) async fn deploy(
             artifacts.location()
         )
     })?;
-    let stored = Stored {
+    Ok(Stored {
         digest,
         location: Some(artifacts.location()),
-    };
-    let command = match (as_, canary) {
-        (DeployAs::Shadow, _) => Command::Shadow(stored),
-        (_, Some((key_fraction, rules))) => Command::Canary(CanaryStart {
-            candidate: stored,
-            key_fraction,
-            rules,
-        }),
-        _ => Command::Deploy(stored),
-    };
-    Ok(update_versions(&*store, &sub.name, command, &by()).await?)
+    })
 }
 
 /// `shardlane versions`: the fleet's versions of `subscription` and their
@@ -303,8 +383,19 @@ pub(crate) struct DeployArgs {
     /// rollback (e.g. 10m).
     #[arg(long, requires = "canary", value_parser = humantime::parse_duration)]
     promote_after: Option<std::time::Duration>,
-    /// The plugin's .wasm file.
-    plugin: PathBuf,
+    /// Deploy this filter with the plugin, or alone without one: a JSON
+    /// file holding Lambda's FilterCriteria (`{"Filters": [{"Pattern":
+    /// "…"}]}`) or a list of patterns. Part of the stable version: shown
+    /// in `shardlane versions`, rolled back with it.
+    #[arg(long, conflicts_with_all = ["canary", "shadow", "no_filter"])]
+    filter: Option<PathBuf>,
+    /// Deploy the stable version without a filter.
+    #[arg(long, conflicts_with_all = ["canary", "shadow"])]
+    no_filter: bool,
+    /// The plugin's .wasm file (optional with --filter or --no-filter:
+    /// the stable plugin stays).
+    #[arg(required_unless_present_any = ["filter", "no_filter"])]
+    plugin: Option<PathBuf>,
 }
 
 impl DeployArgs {
@@ -319,9 +410,14 @@ impl DeployArgs {
             (None, true) => DeployAs::Shadow,
             (None, false) => DeployAs::Stable,
         };
+        let filter = match (self.filter, self.no_filter) {
+            (Some(path), _) => Some(FilterDeploy::File(path)),
+            (None, true) => Some(FilterDeploy::None),
+            (None, false) => None,
+        };
         let plugin = self.plugin;
         self.target.change("deployed", |config, sub| async move {
-            deploy(&config, &sub, &plugin, &as_).await
+            deploy(&config, &sub, plugin.as_deref(), filter, &as_).await
         })
     }
 }
@@ -391,16 +487,17 @@ impl VersionsArgs {
         print_running(&versions);
         println!();
         println!(
-            "{:<20}  {:<15}  {:<19}  {:<32}  NOTE",
-            "WHEN (UTC)", "ACTION", "VERSION", "BY"
+            "{:<20}  {:<15}  {:<19}  {:<19}  {:<32}  NOTE",
+            "WHEN (UTC)", "ACTION", "VERSION", "FILTER", "BY"
         );
         for change in &versions.history {
             let when = std::time::UNIX_EPOCH + std::time::Duration::from_millis(change.at_ms);
             println!(
-                "{:<20}  {:<15}  {:<19}  {:<32}  {}",
+                "{:<20}  {:<15}  {:<19}  {:<19}  {:<32}  {}",
                 humantime::format_rfc3339_seconds(when).to_string(),
                 change.action.label(),
                 change.digest.short(),
+                change.filter.as_ref().map_or("-", |f| f.short()),
                 change.by,
                 change.note
             );
@@ -414,6 +511,16 @@ fn print_running(versions: &FleetVersions) {
     match &versions.stable {
         Some(stable) => println!("stable:  {stable}"),
         None => println!("stable:  (none recorded)"),
+    }
+    match versions.stable_filter() {
+        Ok(Some(filter)) => {
+            println!("filter:  {}", filter.digest);
+            for pattern in &filter.patterns {
+                println!("         {pattern}");
+            }
+        }
+        Ok(None) => println!("filter:  none (every record is delivered)"),
+        Err(e) => println!("filter:  {e}"),
     }
     if let Some(canary) = &versions.canary {
         println!(

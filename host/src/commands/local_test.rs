@@ -39,6 +39,7 @@ use crate::lease::LeaseStore;
 use crate::lease::memory::MemoryLeaseStore;
 use crate::pipeline::{Effects, Parts, Pipeline, Source};
 use crate::progress::Checkpoint;
+use crate::reader::filter_feed::{ActiveFilter, FilterFeed};
 use crate::slot::PluginSlot;
 use crate::state::KeyState;
 use crate::supervisor::plugin_host;
@@ -167,7 +168,7 @@ impl TestArgs {
             telemetry.subscription(&sub.name, sub.mode()),
             telemetry.clone(),
         ));
-        let pipeline = start(Local {
+        let (pipeline, filter) = start(Local {
             config,
             sub: &sub,
             slot,
@@ -184,7 +185,7 @@ impl TestArgs {
             Err(_) => pipeline.stop_now().await,
         };
         let shards: Vec<_> = stream.shards().keys().cloned().collect();
-        let summary = super::repair_run::summary(&telemetry, &sub, &shards, None);
+        let summary = super::repair_run::summary(&telemetry, &sub, &shards, &filter.borrow(), None);
         journal.finish(&summary, &committed_state(&store, &sub)?);
         if ended.is_err() {
             bail!(
@@ -223,11 +224,17 @@ struct Local<'a> {
 
 /// Starts the subscription's pipeline over the local stream (module
 /// docs): its calls noted and its effects kept by the journal.
-fn start(local: Local<'_>) -> Pipeline {
+fn start(local: Local<'_>) -> (Pipeline, FilterFeed) {
     let mut lease = local.config.lease.clone();
     lease.shard_sync_every = SHARD_SYNC_EVERY;
     lease.max_leases_per_instance = None;
-    Pipeline::start(Parts {
+    let filter = ActiveFilter::fixed(
+        local.telemetry,
+        &local.sub.name,
+        local.slot.current().digest(),
+        local.sub.filter.clone(),
+    );
+    let pipeline = Pipeline::start(Parts {
         subscription: local.sub.clone(),
         slot: Arc::new(Journaled {
             inner: local.slot,
@@ -247,7 +254,9 @@ fn start(local: Local<'_>) -> Pipeline {
         telemetry: local.telemetry.clone(),
         range: None,
         decode: None,
-    })
+        filter: filter.clone(),
+    });
+    (pipeline, filter)
 }
 
 /// The subscription as a test run runs it (module docs).

@@ -287,7 +287,7 @@ impl<'a> Redrive<'a> {
         let plugins = plugin_host(config, Some(self.telemetry.clone()))?;
         let dynamodb = matches!(config.lease.store, LeaseBackend::DynamoDb { .. });
         let live = self.store.clone().filter(|_| dynamodb);
-        let (bytes, path) =
+        let (bytes, path, filter) =
             version_to_run(config, sub, options.plugin.as_deref(), live.as_deref()).await?;
         let plugin = compile(&plugins, sub, path, &bytes, &self.derived)?;
         // A key's redrive keeps no progress: run again after an
@@ -303,6 +303,7 @@ impl<'a> Redrive<'a> {
         .await?;
         let mut run_sub = repair_subscription(sub, &self.derived, self.reads_per_second);
         run_sub.stream = self.dlq.clone();
+        run_sub.filter = filter;
         Arc::make_mut(&mut run_sub.sandbox.grants).state = None;
         if let DispatchMode::Workers(n) = run_sub.dispatch {
             run_sub.dispatch = DispatchMode::ByKey(n);

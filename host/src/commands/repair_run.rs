@@ -33,6 +33,7 @@ use anyhow::{Context as _, anyhow, bail};
 use sha2::{Digest as _, Sha256};
 
 use crate::config::{Config, LeaseBackend, OnFailure, ReadMode, StartPosition, SubscriptionConfig};
+use crate::filter::Filter;
 use crate::ids::{OwnerId, PluginDigest, ShardId, StreamName, SubscriptionName};
 use crate::kinesis::{Kinesis, KinesisError};
 use crate::lease::LeaseStore;
@@ -42,6 +43,7 @@ use crate::pipeline::{Effects, Parts, Pipeline, Source};
 use crate::plugin::{Plugin, PluginHost, World};
 use crate::progress::Checkpoint;
 use crate::reader::Decode;
+use crate::reader::filter_feed::ActiveFilter;
 use crate::reader::range::Range;
 use crate::slot::PluginSlot;
 use crate::supervisor::{check_stream, hostname, open_artifacts, open_store};
@@ -129,6 +131,7 @@ pub(super) async fn run_repair(
     lease.shard_sync_every = SHARD_SYNC_EVERY;
     lease.max_leases_per_instance = None;
     let status = telemetry.subscription(&sub.name, sub.mode());
+    let filter = ActiveFilter::fixed(&telemetry, &sub.name, plugin.digest(), sub.filter.clone());
     let slot = Arc::new(PluginSlot::new(
         plugins,
         plugin,
@@ -159,6 +162,7 @@ pub(super) async fn run_repair(
         telemetry: telemetry.clone(),
         range: Some(range.clone()),
         decode,
+        filter: filter.clone(),
     });
     let finished = watch(&range, &*store, &kinesis, &sub, name, interrupt).await;
     if !pipeline.shutdown().await {
@@ -167,7 +171,13 @@ pub(super) async fn run_repair(
     let shards: Vec<ShardId> = range.progress().into_keys().collect();
     Ok((
         finished,
-        summary(&telemetry, &sub, &shards, capture.as_deref()),
+        summary(
+            &telemetry,
+            &sub,
+            &shards,
+            &filter.borrow(),
+            capture.as_deref(),
+        ),
     ))
 }
 
@@ -242,20 +252,21 @@ pub(super) async fn retention_of(
     })
 }
 
-/// The bytes of the version a repair run runs, and the path that names
-/// it: `given` (`--plugin`), or the one the fleet runs.
+/// The version a repair run runs: its plugin's bytes, the path that names
+/// it, and its filter — `given` (`--plugin`) with the config's filter, or
+/// the version the fleet runs (its plugin and its filter).
 pub(super) async fn version_to_run<'a>(
     config: &Config,
     sub: &'a SubscriptionConfig,
     given: Option<&'a Path>,
     live: Option<&dyn LeaseStore>,
-) -> anyhow::Result<(Vec<u8>, &'a Path)> {
+) -> anyhow::Result<(Vec<u8>, &'a Path, Option<Arc<Filter>>)> {
     Ok(match given {
-        Some(path) => (read_plugin(path, "--plugin")?, path),
-        None => (
-            running_bytes(config, sub, live).await?,
-            sub.plugin.as_path(),
-        ),
+        Some(path) => (read_plugin(path, "--plugin")?, path, sub.filter.clone()),
+        None => {
+            let (bytes, filter) = running_version(config, sub, live).await?;
+            (bytes, sub.plugin.as_path(), filter)
+        }
     })
 }
 
@@ -307,37 +318,47 @@ fn read_plugin(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
         .with_context(|| format!("{what} {}", path.display()))
 }
 
-/// The bytes of the version the fleet runs: the stable version recorded in
-/// a DynamoDB lease store (the config's file when it holds it, else from
-/// `[artifacts]`), or the config's `plugin`.
-async fn running_bytes(
+/// The version the fleet runs: the stable version recorded in a DynamoDB
+/// lease store — its plugin's bytes (the config's file when it holds
+/// them, else from `[artifacts]`) and its filter — or the config's
+/// `plugin` and `filter`.
+async fn running_version(
     config: &Config,
     sub: &SubscriptionConfig,
     live: Option<&dyn LeaseStore>,
-) -> anyhow::Result<Vec<u8>> {
+) -> anyhow::Result<(Vec<u8>, Option<Arc<Filter>>)> {
     let own = read_plugin(&sub.plugin, "plugin")?;
     let Some(live) = live else {
-        return Ok(own);
+        return Ok((own, sub.filter.clone()));
     };
     let versions = live
         .read_versions(&sub.name)
         .await
         .context("cannot read the fleet's versions")?;
-    let Some(stable) = versions.and_then(|v| v.stable) else {
-        return Ok(own);
+    let Some((stable, versions)) = versions.and_then(|v| Some((v.stable.clone()?, v))) else {
+        return Ok((own, sub.filter.clone()));
+    };
+    let filter = match versions.stable_filter()? {
+        Some(text) => {
+            Some(Arc::new(text.compile().with_context(|| {
+                format!("the fleet's filter {}", text.digest)
+            })?))
+        }
+        None => None,
     };
     if PluginDigest::of(&own) == stable {
-        return Ok(own);
+        return Ok((own, filter));
     }
     let Some(artifacts) = open_artifacts(config).await else {
         bail!(
             "the fleet runs {stable}, which is not this config's plugin, and the config has no [artifacts] to fetch it from: give --plugin"
         );
     };
-    artifacts
+    let bytes = artifacts
         .fetch(&stable)
         .await
-        .with_context(|| format!("cannot fetch the fleet's version {stable}"))
+        .with_context(|| format!("cannot fetch the fleet's version {stable}"))?;
+    Ok((bytes, filter))
 }
 /// Where the repair run `name` keeps its progress (see `replay`,
 /// "Progress and resuming"): the live store `live` when it is the
@@ -430,6 +451,7 @@ pub(super) fn summary(
     t: &Telemetry,
     sub: &SubscriptionConfig,
     shards: &[ShardId],
+    filter: &ActiveFilter,
     capture: Option<&Capture>,
 ) -> Vec<String> {
     let name = sub.name.as_str();
@@ -463,12 +485,7 @@ pub(super) fn summary(
             .get()
         })
         .sum();
-    let filtered = sub.filter.as_ref().map(|_| {
-        count(
-            "shardlane_records_filtered_total",
-            "Records that matched none of the subscription's filter patterns: settled without a handler call.",
-        )
-    });
+    let filtered = filter.filter.as_ref().map(|_| filter.filtered.get());
     let mut lines = vec![
         match filtered {
             Some(filtered) => format!("records read: {read}, filtered out: {filtered}"),

@@ -233,7 +233,7 @@ pub(crate) async fn replay(
         _ => None,
     };
     let given = options.plugin.as_deref();
-    let (bytes, path) = version_to_run(config, sub, given, live_store.as_deref()).await?;
+    let (bytes, path, filter) = version_to_run(config, sub, given, live_store.as_deref()).await?;
     let digest = PluginDigest::of(&bytes);
     let name = match &options.name {
         Some(name) => name.clone(),
@@ -250,7 +250,9 @@ pub(crate) async fn replay(
     let (from, to) = record(&*store, &derived, &name, asked, digest, options.dry_run).await?;
     let range = Arc::new(Range::new(from.clone(), to.clone()));
 
-    let replay_sub = Arc::new(repair_subscription(sub, &derived, reads_per_second));
+    let mut replay_sub = repair_subscription(sub, &derived, reads_per_second);
+    replay_sub.filter = filter;
+    let replay_sub = Arc::new(replay_sub);
     let capture = options.dry_run.then(|| Arc::new(Capture::new(sub)));
     let dry = if options.dry_run {
         ", dry run (nothing is put or written)"

@@ -587,3 +587,22 @@ fn misused_operators_are_refused_naming_the_field_and_the_fault() {
         ),
     ]);
 }
+
+/// Catches: one filter written two ways known as two versions (a deploy
+/// of the same patterns would then count as a change), two filters known
+/// as one, or a text that does not compile back to the same filter.
+#[test]
+fn a_filter_is_known_by_its_canonical_text() {
+    let one = Filter::parse(&[r#"{"data": {"b": [1], "a": ["x"]}}"#]).unwrap();
+    let same = Filter::parse(&["{ \"data\" : {\"a\":[\"x\"],\n \"b\":[1]} }"]).unwrap();
+    let other = Filter::parse(&[r#"{"data": {"a": ["x"], "b": [2]}}"#]).unwrap();
+    assert_eq!(one.digest(), same.digest());
+    assert_eq!(one.text().patterns, [r#"{"data":{"a":["x"],"b":[1]}}"#]);
+    assert_ne!(one.digest(), other.digest());
+    assert_eq!(one.text().compile().unwrap(), one);
+    // Two patterns in another order are another text (the same records
+    // pass, but the list is what was written).
+    let two = Filter::parse(&[r#"{"a": [1]}"#, r#"{"b": [1]}"#]).unwrap();
+    let swapped = Filter::parse(&[r#"{"b": [1]}"#, r#"{"a": [1]}"#]).unwrap();
+    assert_ne!(two.digest(), swapped.digest());
+}

@@ -1,5 +1,6 @@
 //! The fleet's version rules as pure transitions: revisions, rollback targets,
-//! canaries one at a time, declarations, decisions and the bounded history.
+//! canaries one at a time, declarations, decisions, filters as part of a
+//! version, and the bounded history.
 
 use super::*;
 
@@ -169,6 +170,7 @@ fn a_canary_is_one_at_a_time_and_decisions_name_their_candidate() {
 fn a_config_declares_only_into_an_empty_fleet() {
     let declare = |n: u8, canary: Option<CanaryStart>| Command::Declare {
         stable: in_store(n, "s3://a"),
+        filter: None,
         canary,
         lone: false,
     };
@@ -201,6 +203,7 @@ fn a_config_declares_only_into_an_empty_fleet() {
 fn a_lone_hosts_config_declares_bytes_it_never_declared() {
     let declare = |n: u8| Command::Declare {
         stable: d(n).into(),
+        filter: None,
         canary: None,
         lone: true,
     };
@@ -320,4 +323,154 @@ fn the_history_keeps_the_newest_entries() {
     assert!(json.len() < 100_000, "{} bytes", json.len());
     let back: FleetVersions = serde_json::from_str(&json).unwrap();
     assert_eq!(back, v);
+}
+
+/// A filter letting in the partition key `k<n>`.
+fn f(n: u8) -> FilterText {
+    crate::filter::Filter::parse(&[format!(r#"{{"partitionKey": ["k{n}"]}}"#)])
+        .unwrap()
+        .text()
+        .clone()
+}
+
+fn deploy_filter(n: u8, plugin: Option<u8>) -> Command {
+    Command::DeployFilter {
+        filter: Some(f(n)),
+        plugin: plugin.map(|p| d(p).into()),
+    }
+}
+
+/// The stable version: its plugin and its filter's digest.
+fn stable(v: &FleetVersions) -> (PluginDigest, Option<FilterDigest>) {
+    (v.stable.clone().unwrap(), v.filter.clone())
+}
+
+/// Catches: a filter change that is not a version (not in the history,
+/// not rolled back with the plugin), a plugin deploy that drops the
+/// filter, or a rollback that restores the plugin with the wrong filter.
+#[test]
+fn a_filter_is_deployed_and_rolled_back_as_part_of_the_version() {
+    let v = deployed(&[1]);
+    let filtered = apply(&v, deploy_filter(7, None));
+    assert_eq!(stable(&filtered), (d(1), Some(f(7).digest)));
+    assert_eq!(filtered.stable_filter().unwrap(), Some(&f(7)));
+    let last = filtered.history.last().unwrap();
+    assert_eq!(
+        (last.action, last.filter.clone()),
+        (Action::Deploy, Some(f(7).digest))
+    );
+    assert!(last.note.contains(f(7).digest.short()), "{}", last.note);
+    assert!(matches!(
+        filtered.apply(deploy_filter(7, None), "t", 0),
+        Err(VersionsError::Unchanged(_))
+    ));
+    // A plugin deploy keeps the filter; plugin and filter at once are one
+    // change.
+    let two = apply(&filtered, Command::Deploy(d(2).into()));
+    assert_eq!(stable(&two), (d(2), Some(f(7).digest)));
+    let both = apply(&two, deploy_filter(8, Some(3)));
+    assert_eq!(stable(&both), (d(3), Some(f(8).digest)));
+    assert_eq!(both.revision, two.revision + 1);
+    // Back to the version before: plugin and filter together; a second
+    // rollback undoes the first, as for a plugin alone.
+    let back = apply(&both, Command::Rollback { to: None });
+    assert_eq!(stable(&back), (d(2), Some(f(7).digest)));
+    assert_eq!(back.stable_filter().unwrap(), Some(&f(7)));
+    let again = apply(&back, Command::Rollback { to: None });
+    assert_eq!(stable(&again), (d(3), Some(f(8).digest)));
+    // A filter-only deploy is a version of its own.
+    let back = apply(&filtered, Command::Rollback { to: None });
+    assert_eq!(stable(&back), (d(1), None));
+    // Named: the newest version with that plugin other than the running one.
+    let named = apply(&both, Command::Rollback { to: Some(d(1)) });
+    assert_eq!(stable(&named), (d(1), Some(f(7).digest)));
+    let named = apply(&named, Command::Rollback { to: Some(d(1)) });
+    assert_eq!(stable(&named), (d(1), None), "the first, without a filter");
+    // No filter is a filter change too.
+    let cleared = apply(
+        &both,
+        Command::DeployFilter {
+            filter: None,
+            plugin: None,
+        },
+    );
+    assert_eq!(stable(&cleared), (d(3), None));
+    assert_eq!(cleared.stable_filter().unwrap(), None);
+}
+
+/// Catches: a filter changed under a running canary (whose candidate
+/// runs behind the stable version's filter), or a promotion that drops it.
+#[test]
+fn a_canary_runs_behind_the_stable_filter() {
+    let v = apply(&deployed(&[1]), deploy_filter(7, None));
+    let with_canary = apply(&v, canary(2));
+    assert!(matches!(
+        with_canary.apply(deploy_filter(8, None), "t", 0),
+        Err(VersionsError::CanaryRunning(_))
+    ));
+    let promoted = apply(&with_canary, Command::Promote);
+    assert_eq!(stable(&promoted), (d(2), Some(f(7).digest)));
+}
+
+/// Catches: filter texts that grow without bound (a DynamoDB item holds
+/// 400 KB), the stable one dropped, or a rollback to a version whose
+/// filter is gone that runs it without one.
+#[test]
+fn filter_texts_are_kept_for_the_latest_versions() {
+    let mut v = apply(&deployed(&[3]), deploy_filter(0, None));
+    v = apply(&v, Command::Deploy(d(1).into()));
+    for n in 1..=10 {
+        v = apply(&v, deploy_filter(n, None));
+    }
+    assert_eq!(v.filters.len(), FILTERS_KEPT);
+    assert_eq!(v.stable_filter().unwrap(), Some(&f(10)));
+    assert_eq!(
+        v.apply(Command::Rollback { to: Some(d(3)) }, "t", 0),
+        Err(VersionsError::FilterGone(f(0).digest))
+    );
+    let back = apply(&v, Command::Rollback { to: None });
+    assert_eq!(stable(&back), (d(1), Some(f(9).digest)));
+    let json = serde_json::to_string(&v).unwrap();
+    let again: FleetVersions = serde_json::from_str(&json).unwrap();
+    assert_eq!(again, v);
+}
+
+/// Catches: a lone host's restart undoing a filter deployed by command,
+/// or a config's new filter lost.
+#[test]
+fn a_lone_hosts_config_declares_a_filter_it_never_declared() {
+    let declare = |n: Option<u8>| Command::Declare {
+        stable: d(1).into(),
+        filter: n.map(f),
+        canary: None,
+        lone: true,
+    };
+    let v = apply(&FleetVersions::default(), declare(Some(7)));
+    assert_eq!(stable(&v), (d(1), Some(f(7).digest)));
+    let deployed = apply(&v, deploy_filter(8, None));
+    assert!(matches!(
+        deployed.apply(declare(Some(7)), "t", 0),
+        Err(VersionsError::Unchanged(_))
+    ));
+    let changed = apply(&deployed, declare(None));
+    assert_eq!(stable(&changed), (d(1), None));
+    let last = changed.history.last().unwrap();
+    assert_eq!(last.action, Action::Declared);
+    assert!(last.note.contains("filter"), "{}", last.note);
+}
+
+/// Catches: an empty fleet declared without its config's filter.
+#[test]
+fn a_fleets_first_declaration_carries_the_configs_filter() {
+    let v = apply(
+        &FleetVersions::default(),
+        Command::Declare {
+            stable: d(1).into(),
+            filter: Some(f(7)),
+            canary: None,
+            lone: false,
+        },
+    );
+    assert_eq!(stable(&v), (d(1), Some(f(7).digest)));
+    assert_eq!(v.stable_filter().unwrap(), Some(&f(7)));
 }

@@ -53,6 +53,7 @@ fn instance(
         OwnerId::new(name),
         Declaration {
             stable: slot.current(),
+            filter: None,
             canary: None,
             lone: false,
         },
