@@ -74,6 +74,9 @@ CARGO_TARGET_DIR="$PWD/target/guests" guest-examples/rust/build.sh   # the targe
 guest-examples/python/build.sh
 guest-examples/js/build.sh
 guest-examples/c/build.sh
+# The Rust guest library's own tests (the other languages' libraries are
+# exercised by the windowed-totals conformance test).
+(cd guest-examples/rust && CARGO_TARGET_DIR="$PWD/../../target/guests" cargo test --quiet -p shardlane-guest)
 
 echo "--- lints: cargo fmt --check, clippy (-D warnings), rustdoc (-D warnings), the book"
 cargo fmt --all --check

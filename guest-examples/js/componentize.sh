@@ -31,7 +31,7 @@ out="$example_dir/dist/$example.wasm"
 # Skip the rebuild when the component is newer than its inputs: the example's
 # sources, the shared files of the JS examples and the WIT.
 if [[ -f "$out" ]] && [[ -z "$(find "$example_dir" -path "$example_dir/dist" -prune -o -type f -newer "$out" -print -quit)" ]] \
-  && [[ -z "$(find "$js/package.json" "$js/package-lock.json" "$js/componentize.sh" "$wit" -type f -newer "$out" -print -quit)" ]]; then
+  && [[ -z "$(find "$js/package.json" "$js/package-lock.json" "$js/componentize.sh" "$js/lib" "$wit" -type f -newer "$out" -print -quit)" ]]; then
   echo "built $out"
   exit 0
 fi
@@ -54,14 +54,16 @@ fi
 ) 9<"$js/package-lock.json"
 
 mkdir -p "$example_dir/dist"
-# Run from the example's folder with a relative source path: componentize-js
-# names the module by its path relative to the working directory (so the
-# component does not depend on where the checkout lives), and mangles an
-# absolute path when the working directory is `/`.
-cd "$example_dir"
+# Run from the JS examples' folder with a relative source path:
+# componentize-js names the module by its path relative to the working
+# directory (so the component does not depend on where the checkout lives),
+# mangles an absolute path when the working directory is `/`, and resolves
+# imports inside the working directory only (the guest library,
+# lib/shardlane-guest.js, is imported as ../lib/shardlane-guest.js).
+cd "$js"
 # Write beside the target and rename, so a failed build never leaves a
 # component that looks up to date.
-"$js/node_modules/.bin/componentize-js" "$example.js" \
+"$js/node_modules/.bin/componentize-js" "$example/$example.js" \
   --wit "$wit" \
   --world-name "$world" \
   --disable stdio random clocks http fetch-event \

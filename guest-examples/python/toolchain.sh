@@ -67,7 +67,7 @@ python_component() {
     # Up to date: newer than the sources, the shared build files and the WIT.
     if [[ -f "$out" ]]; then
         local stale=0 input
-        for input in "$dir"/*.py "$dir/build.sh" "$requirements" "$py_root/toolchain.sh" "$wit_dir"/*.wit "$wit_dir"/deps/*.wit; do
+        for input in "$dir"/*.py "$dir/build.sh" "$requirements" "$py_root/toolchain.sh" "$py_root"/lib/*.py "$wit_dir"/*.wit "$wit_dir"/deps/*.wit; do
             if [[ -e "$input" && ! "$out" -nt "$input" ]]; then
                 stale=1
                 break
@@ -82,13 +82,16 @@ python_component() {
     ensure_toolchain
     mkdir -p "$dir/dist"
     local tmp="$out.tmp.$$"
-    # -p: only the example's own folder is on the guest's module path (no
-    # site-packages from the build venv get bundled).
+    # -p: only the example's own folder and, for the current contract, the
+    # guest library (lib/: shardlane_guest) are on the guest's module path
+    # (no site-packages from the build venv get bundled).
+    local lib=()
+    [[ "$wit_dir" == "$wit_current" ]] && lib=(-p "$py_root/lib")
     (
         cd "$dir"
         unset VIRTUAL_ENV
         "$venv/bin/componentize-py" -q -d "$wit_dir" -w "$world" \
-            componentize app -p . -o "$tmp"
+            componentize app -p . "${lib[@]}" -o "$tmp"
     ) || { rm -f "$tmp"; die "componentize-py failed for $name"; }
     mv -f "$tmp" "$out"
     echo "built $out"

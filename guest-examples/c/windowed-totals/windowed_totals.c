@@ -24,6 +24,7 @@
 
 #include "amount.h"
 #include "guest_util.h"
+#include "shardlane_runs.h"
 
 typedef windowed_record_handler_outcome_t outcome_t;
 typedef windowed_record_handler_string_t string_t;
@@ -108,29 +109,15 @@ static void add(uint32_t input, const windowed_record_handler_run_record_t *reco
     buf_free(&text);
 }
 
-void exports_windowed_record_handler_handle_run(windowed_record_handler_run_context_t *run,
-                                                windowed_record_handler_list_run_record_t *records,
-                                                windowed_record_handler_list_outcome_t *ret) {
-    /* The outcome list and every reason must come from malloc: the
-     * generated post-return function frees them once the host copied the
-     * result. The run stops after the first record that is not acked. */
-    size_t n = records->len;
-    ret->len = 0;
-    ret->ptr = NULL;
-    if (n > 0) {
-        ret->ptr = malloc(n * sizeof *ret->ptr);
-        if (!ret->ptr) abort();
-    }
-    for (size_t i = 0; i < n; i++) {
-        add((uint32_t)i, &records->ptr[i], &ret->ptr[i]);
-        ret->len = i + 1;
-        if (ret->ptr[i].tag != SHARDLANE_PLUGIN_TYPES_OUTCOME_ACK) break;
-    }
-    /* The arguments were allocated by the host through cabi_realloc and
-     * belong to us now. */
-    windowed_record_handler_list_run_record_free(records);
-    windowed_record_handler_run_context_free(run);
+/* One record of a run; `handle-run` is made of it by the guest library
+ * (common/shardlane_runs.h), one record at a time. */
+static void handle(windowed_record_handler_run_context_t *run, uint32_t input,
+                   const windowed_record_handler_run_record_t *record, outcome_t *ret) {
+    (void)run;
+    add(input, record, ret);
 }
+
+SHARDLANE_EXPORT_RUNS(windowed_record_handler, handle)
 
 /* Publishes one key's sum to `stream`; false when the host refused it. */
 static bool publish_sum(uint32_t input, string_t *stream, const string_t *shard, const string_t *key,

@@ -2,7 +2,8 @@
  * The windowed-totals plugin (contract `shardlane:plugin@0.3.0`, world
  * `windowed-record-handler`), for a subscription with
  * `window = { size = "60s", by = "key" }`:
- * - `handleRun`: for each record `{"amount": <integer>}` in a window, adds
+ * - `handleRun` (made by the guest library, `lib/shardlane-guest.js`, from a
+ *   per-record handler): for each record `{"amount": <integer>}` in a window, adds
  *   the amount to the key's `sum` in per-key state (decimal text); a record
  *   in no window (late) is logged `late key=<key> amount=<n>` and acked;
  *   data that is not such JSON is rejected.
@@ -21,6 +22,7 @@ import { log } from 'shardlane:plugin/log@0.3.0';
 import { publish } from 'shardlane:plugin/outputs@0.3.0';
 import { get, set, delete as remove } from 'shardlane:plugin/state@0.3.0';
 import { get as configGet } from 'wasi:config/store@0.2.0-rc.1';
+import { runs } from '../lib/shardlane-guest.js';
 
 const utf8 = new TextDecoder();
 const encoder = new TextEncoder();
@@ -87,17 +89,8 @@ function add(input, { partitionKey, data, window }) {
   return { tag: 'ack' };
 }
 
-export function handleRun(_run, records) {
-  const outcomes = [];
-  for (let input = 0; input < records.length; input++) {
-    const outcome = add(input, records[input]);
-    outcomes.push(outcome);
-    if (outcome.tag !== 'ack') {
-      break;
-    }
-  }
-  return outcomes;
-}
+// `handleRun` from the guest library, one record at a time.
+export const handleRun = runs((_run, input, record) => add(input, record));
 
 export function closeWindow({ shardId, window, keys }) {
   const { start, end } = window;

@@ -2,7 +2,8 @@
 windowed-record-handler), for a subscription with
 `window = { size = "60s", by = "key" }`:
 
-- handle-run: for each record `{"amount": <integer>}` in a window, adds the
+- handle (made handle-run by the guest library, lib/shardlane_guest.py):
+  for each record `{"amount": <integer>}` in a window, adds the
   amount to the key's `sum` in per-key state (decimal text); a record in no
   window (late) is logged `late key=<key> amount=<n>` and acked; data that
   is not such JSON is rejected.
@@ -20,6 +21,7 @@ import json
 
 import wit_world
 from componentize_py_types import Err
+from shardlane_guest import Runs
 from wit_world.imports import state, store
 from wit_world.imports.log import Level, log
 from wit_world.imports.outputs import publish
@@ -107,15 +109,10 @@ def close(window: ClosedWindow) -> None:
             raise Retry(f"cannot write state: {e.value}")
 
 
-class WitWorld(wit_world.WitWorld):
-    def handle_run(self, run: RunContext, records: list[RunRecord]) -> list[Outcome]:
-        outcomes = []
-        for input, record in enumerate(records):
-            outcome = add(input, record)
-            outcomes.append(outcome)
-            if not isinstance(outcome, Outcome_Ack):
-                break
-        return outcomes
+class WitWorld(Runs, wit_world.WitWorld):
+    # `handle_run` comes from the guest library (`Runs`), one record at a time.
+    def handle(self, run: RunContext, input: int, record: RunRecord) -> Outcome:
+        return add(input, record)
 
     def close_window(self, window: ClosedWindow) -> Outcome:
         try:

@@ -1,7 +1,8 @@
 //! The windowed-totals plugin (contract `shardlane:plugin@0.3.0`, world
 //! `windowed-record-handler`), for a subscription with
 //! `window = { size = "60s", by = "key" }`:
-//! - `handle-run`: for each record `{"amount": <integer>}` in a window,
+//! - `handle` (made `handle-run` by the guest library, `shardlane-guest`):
+//!   for each record `{"amount": <integer>}` in a window,
 //!   adds the amount to the key's `sum` in per-key state (decimal text); a
 //!   record in no window (late) is logged `late key=<key> amount=<n>` and
 //!   acked; data that is not such JSON is rejected.
@@ -90,18 +91,9 @@ fn close(window: &ClosedWindow) -> Result<(), String> {
     Ok(())
 }
 
-impl Guest for WindowedTotals {
-    fn handle_run(_run: RunContext, records: Vec<RunRecord>) -> Vec<Outcome> {
-        let mut outcomes = Vec::with_capacity(records.len());
-        for (i, record) in records.iter().enumerate() {
-            let outcome = add(i as u32, record);
-            let stop = !matches!(outcome, Outcome::Ack);
-            outcomes.push(outcome);
-            if stop {
-                break;
-            }
-        }
-        outcomes
+impl WindowedTotals {
+    fn handle(_run: &RunContext, input: u32, record: RunRecord) -> Outcome {
+        add(input, &record)
     }
 
     fn close_window(window: ClosedWindow) -> Outcome {
@@ -112,4 +104,6 @@ impl Guest for WindowedTotals {
     }
 }
 
+// `handle-run` from `handle`, one record at a time (the guest library).
+shardlane_guest::export_runs!(WindowedTotals, windowed);
 export!(WindowedTotals);
