@@ -55,7 +55,10 @@
 //! never declared before becomes the fleet's). A canary's candidate and a
 //! shadow run behind the stable version's filter (it is applied by the
 //! readers, before any routing), and a filter deploy is refused while a
-//! canary runs, like any deploy.
+//! canary runs, like any deploy. Versions recorded before filters were
+//! part of them ([`FleetVersions::filter_declared`] false) take the
+//! config's filter from the next instance that starts, as an empty fleet
+//! takes its plugin.
 //!
 //! # Every rollout has an identity
 //! Each change moves [`FleetVersions::revision`] on; a canary or a shadow
@@ -131,6 +134,12 @@ pub struct FleetVersions {
     /// (the last [`DECLARED_KEPT`]).
     #[serde(default)]
     pub declared_filters: Vec<Option<FilterDigest>>,
+    /// Whether a filter was ever recorded: false in a value written before
+    /// filters were part of the version, whose next declaration records
+    /// the config's filter (module docs, "A filter is part of the
+    /// version").
+    #[serde(default)]
+    pub filter_declared: bool,
 }
 
 /// A version a change brings: its digest, and the artifact store its
@@ -584,6 +593,7 @@ impl FleetVersions {
 
     /// Makes `text` the stable version's filter, keeping its text.
     fn set_filter(&mut self, text: Option<FilterText>) {
+        self.filter_declared = true;
         self.filter = text.as_ref().map(|t| t.digest.clone());
         if let Some(text) = text
             && !self.filters.iter().any(|t| t.digest == text.digest)
@@ -636,10 +646,22 @@ impl FleetVersions {
         by: &str,
         now_ms: u64,
     ) -> Result<Self, VersionsError> {
-        if let Some(running) = &self.stable {
-            return Err(VersionsError::Unchanged(format!(
-                "the fleet runs {running} already"
-            )));
+        if let Some(running) = self.stable.clone() {
+            if self.filter_declared {
+                return Err(VersionsError::Unchanged(format!(
+                    "the fleet runs {running} already"
+                )));
+            }
+            // Versions recorded before filters were part of them: the
+            // config's filter is the first.
+            self.remember_declared_filter(filter.as_ref().map(|t| t.digest.clone()));
+            self.set_filter(filter);
+            let note = format!(
+                "the config's filter: {}",
+                filter_words(self.filter.as_ref())
+            );
+            self.record(now_ms, by, Action::Declared, running, &note);
+            return Ok(self);
         }
         self.stored_in(&stable)?;
         self.remember_declared(stable.digest.clone());

@@ -590,12 +590,22 @@ impl Rollout {
         }
     }
 
-    /// Declares the config's plugin (and canary) as the first versions of
-    /// the empty fleet; returns the fleet's versions after (another
+    /// Declares the config's plugin, filter (and canary) as the first
+    /// versions of the empty fleet — or only its filter into versions
+    /// recorded before filters were part of them (`read`: the fleet's
+    /// versions as read); returns the fleet's versions after (another
     /// instance's declaration, when it came first).
-    async fn declare(&self) -> Result<FleetVersions, RolloutError> {
-        let stable = self.publish_config(&self.declaration.stable).await?;
+    async fn declare(&self, read: &FleetVersions) -> Result<FleetVersions, RolloutError> {
+        // A non-lone fleet with versions declares only its filter (versions
+        // from before filters were part of them): no bytes to store.
+        let filter_only = !self.declaration.lone && read.stable.is_some();
+        let stable = if filter_only {
+            self.declaration.stable.digest().clone().into()
+        } else {
+            self.publish_config(&self.declaration.stable).await?
+        };
         let canary = match &self.declaration.canary {
+            Some(_) if filter_only => None,
             Some((plugin, slice, rules)) => Some(CanaryStart {
                 candidate: self.publish_config(plugin).await?,
                 key_fraction: slice.fraction(),
@@ -750,14 +760,15 @@ impl Rollout {
             .read_versions(&self.subscription)
             .await?
             .unwrap_or_default();
-        let declares = self.declaration.lone || versions.stable.is_none();
+        let declares =
+            self.declaration.lone || versions.stable.is_none() || !versions.filter_declared;
         if self.declared.load(Ordering::Relaxed) || !declares {
             if !self.declared.swap(true, Ordering::Relaxed) {
                 self.config_differs(&versions);
             }
             return Ok(versions);
         }
-        let versions = self.declare().await?;
+        let versions = self.declare(&versions).await?;
         self.declared.store(true, Ordering::Relaxed);
         self.config_differs(&versions);
         Ok(versions)

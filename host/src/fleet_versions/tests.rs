@@ -474,3 +474,29 @@ fn a_fleets_first_declaration_carries_the_configs_filter() {
     assert_eq!(stable(&v), (d(1), Some(f(7).digest)));
     assert_eq!(v.stable_filter().unwrap(), Some(&f(7)));
 }
+
+/// Catches: a fleet whose versions were recorded before filters were part
+/// of them dropping its config's filter on upgrade, or a later start
+/// overriding a filter deployed since.
+#[test]
+fn versions_from_before_filters_take_the_configs_filter_once() {
+    let old = deployed(&[1]);
+    assert!(!old.filter_declared);
+    let declare = |n: u8| Command::Declare {
+        stable: d(2).into(),
+        filter: Some(f(n)),
+        canary: None,
+        lone: false,
+    };
+    let v = apply(&old, declare(7));
+    assert_eq!(
+        stable(&v),
+        (d(1), Some(f(7).digest)),
+        "the fleet's plugin stays"
+    );
+    assert!(v.filter_declared);
+    assert!(matches!(
+        v.apply(declare(8), "t", 0),
+        Err(VersionsError::Unchanged(_))
+    ));
+}
