@@ -215,44 +215,35 @@ async fn a_filter_is_deployed_and_rolled_back_fleet_wide() {
     let (keep, drop) = put_phase(&kinesis, &stream, 1).await;
     all_echoed(&mut a, &b, &[keep, drop].concat()).await;
 
+    // `deploy --filter` with a file `name` holding Lambda's FilterCriteria
+    // (as `aws lambda` takes it) with one pattern.
+    let deploy_filter = |name: &str, pattern: &str| {
+        let file = dir.path().join(name);
+        let criteria = serde_json::json!({ "Filters": [{ "Pattern": pattern }] });
+        std::fs::write(&file, criteria.to_string()).unwrap();
+        run(&[
+            "deploy",
+            "-c",
+            operator,
+            "-s",
+            "fleet",
+            "--filter",
+            file.to_str().unwrap(),
+        ])
+    };
+
     // A bad filter: one line, nothing recorded.
-    let bad = dir.path().join("bad.json");
-    std::fs::write(
-        &bad,
-        r#"{"Filters": [{"Pattern": "{\"partitionKey\": [{\"numeric\": [\">\", \"x\"]}]}"}]}"#,
-    )
-    .unwrap();
-    let (ok, _, stderr) = run(&[
-        "deploy",
-        "-c",
-        operator,
-        "-s",
-        "fleet",
-        "--filter",
-        bad.to_str().unwrap(),
-    ]);
+    let (ok, _, stderr) =
+        deploy_filter("bad.json", r#"{"partitionKey": [{"numeric": [">", "x"]}]}"#);
     assert!(!ok && stderr.trim().lines().count() == 1, "{stderr}");
     assert!(
         stderr.contains("pattern 1") && stderr.contains("bad.json"),
         "{stderr}"
     );
 
-    // The filter deployed: Lambda's FilterCriteria, as `aws lambda` takes it.
-    let good = dir.path().join("filter.json");
-    std::fs::write(
-        &good,
-        r#"{"Filters": [{"Pattern": "{\"partitionKey\": [{\"prefix\": \"keep-\"}]}"}]}"#,
-    )
-    .unwrap();
-    let (ok, stdout, stderr) = run(&[
-        "deploy",
-        "-c",
-        operator,
-        "-s",
-        "fleet",
-        "--filter",
-        good.to_str().unwrap(),
-    ]);
+    // The filter deployed.
+    let (ok, stdout, stderr) =
+        deploy_filter("filter.json", r#"{"partitionKey": [{"prefix": "keep-"}]}"#);
     assert!(ok, "{stderr}");
     let digest = stdout
         .lines()

@@ -57,28 +57,31 @@ pub fn handle_each<R, O>(
 macro_rules! export_runs {
     ($handler:ty) => {
         impl Guest for $handler {
-            fn handle_run(run: RunContext, records: Vec<RunRecord>) -> Vec<Outcome> {
-                $crate::handle_each(
-                    records,
-                    |o| matches!(o, Outcome::Ack),
-                    |input, record| <$handler>::handle(&run, input, record),
-                )
-            }
+            $crate::handle_run_from!($handler);
         }
     };
     ($handler:ty, windowed) => {
         impl Guest for $handler {
-            fn handle_run(run: RunContext, records: Vec<RunRecord>) -> Vec<Outcome> {
-                $crate::handle_each(
-                    records,
-                    |o| matches!(o, Outcome::Ack),
-                    |input, record| <$handler>::handle(&run, input, record),
-                )
-            }
+            $crate::handle_run_from!($handler);
 
             fn close_window(window: ClosedWindow) -> Outcome {
                 <$handler>::close_window(window)
             }
+        }
+    };
+}
+
+/// The `handle_run` of [`export_runs!`] (not for direct use).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! handle_run_from {
+    ($handler:ty) => {
+        fn handle_run(run: RunContext, records: Vec<RunRecord>) -> Vec<Outcome> {
+            $crate::handle_each(
+                records,
+                |o| matches!(o, Outcome::Ack),
+                |input, record| <$handler>::handle(&run, input, record),
+            )
         }
     };
 }
@@ -92,13 +95,20 @@ mod tests {
     #[test]
     fn stops_after_the_first_record_not_acked() {
         let mut seen = Vec::new();
-        let outcomes = handle_each(vec!["a", "b", "c"], |o: &&str| *o == "ack", |i, r| {
-            seen.push((i, r));
-            if r == "b" { "retry" } else { "ack" }
-        });
+        let outcomes = handle_each(
+            vec!["a", "b", "c"],
+            |o: &&str| *o == "ack",
+            |i, r| {
+                seen.push((i, r));
+                if r == "b" { "retry" } else { "ack" }
+            },
+        );
         assert_eq!(outcomes, ["ack", "retry"]);
         assert_eq!(seen, [(0, "a"), (1, "b")]);
         assert!(handle_each(Vec::<&str>::new(), |_: &&str| true, |_, r| r).is_empty());
-        assert_eq!(handle_each(vec![1, 2], |_| true, |i, r| r + i as i32), [1, 3]);
+        assert_eq!(
+            handle_each(vec![1, 2], |_| true, |i, r| r + i as i32),
+            [1, 3]
+        );
     }
 }

@@ -55,7 +55,10 @@ fn add(input: u32, record: &RunRecord) -> Outcome {
         return Outcome::Reject("data is not {\"amount\": <integer>}".into());
     };
     if record.window.is_none() {
-        log(Level::Info, &format!("late key={} amount={amount}", record.partition_key));
+        log(
+            Level::Info,
+            &format!("late key={} amount={amount}", record.partition_key),
+        );
         return Outcome::Ack;
     }
     let sum = match sum_of(input) {
@@ -74,7 +77,10 @@ fn close(window: &ClosedWindow) -> Result<(), String> {
     for (i, key) in window.keys.iter().enumerate() {
         let input = i as u32;
         let sum = sum_of(input)?;
-        log(Level::Info, &format!("window key={key} start={start} end={end} sum={sum}"));
+        log(
+            Level::Info,
+            &format!("window key={key} start={start} end={end} sum={sum}"),
+        );
         if let Some(stream) = &stream {
             let output = serde_json::json!({
                 "key": key,
