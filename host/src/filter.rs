@@ -98,6 +98,43 @@ impl FilterText {
     }
 }
 
+/// The patterns of a filter as JSON: Lambda's `FilterCriteria`
+/// (`{"Filters": [{"Pattern": "<JSON text>"}, …]}`, as `aws lambda` takes
+/// it), or a list of patterns (each an object, or its text). What
+/// `shardlane deploy --filter` reads from its file and the admin API's
+/// `PUT …/filter` from its body; an empty list is no filter.
+///
+/// # Errors
+/// Not JSON, or neither shape (one line).
+pub(crate) fn criteria_patterns(bytes: &[u8]) -> Result<Vec<String>, String> {
+    const SHAPE: &str = r#"expected Lambda's FilterCriteria ({"Filters": [{"Pattern": "…"}]}) or a list of patterns"#;
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let items: Vec<&Value> = match &value {
+        Value::Array(items) => items.iter().collect(),
+        Value::Object(map) => match map.get("Filters") {
+            Some(Value::Array(filters)) => filters
+                .iter()
+                .map(|f| {
+                    f.get("Pattern")
+                        .ok_or_else(|| format!(r#"a filter without "Pattern": {SHAPE}"#))
+                })
+                .collect::<Result<_, _>>()?,
+            _ => return Err(SHAPE.to_owned()),
+        },
+        _ => return Err(SHAPE.to_owned()),
+    };
+    items
+        .into_iter()
+        .map(|item| match item {
+            Value::String(text) => Ok(text.clone()),
+            Value::Object(_) => Ok(item.to_string()),
+            other => Err(format!(
+                "a pattern is an object or its JSON text, not {other}"
+            )),
+        })
+        .collect()
+}
+
 /// A subscription's filter: the patterns, any of which lets a record in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Filter {

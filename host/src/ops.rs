@@ -12,11 +12,13 @@
 //! | `PUT /subscriptions/{name}/canary?key_fraction=F` | starts (or replaces) a canary: the component in the body handles a stable slice F of the keys (admin) |
 //! | `POST /subscriptions/{name}/canary/promote` | the candidate becomes the plugin for every key (admin) |
 //! | `POST /subscriptions/{name}/canary/rollback` | the candidate is dropped; every key goes back to the plugin (admin) |
+//! | `PUT /subscriptions/{name}/shadow`, `POST …/shadow/stop` | starts (or replaces), or stops, a shadow candidate (admin) |
+//! | `PUT /subscriptions/{name}/filter` | sets the stable version's filter: Lambda's `FilterCriteria` or a list of patterns in the body, `[]` for none; reports filter digests (admin) |
 //!
 //! Write endpoints answer 200 with a JSON report
 //! (`{"old","new","changed","live_after_ms"}`), 404 for an unknown
 //! subscription, 409 for promote/rollback without a canary, 422 for a
-//! component that cannot be used (the running versions stay). A known path
+//! component or filter that cannot be used (the running versions stay). A known path
 //! with the wrong method is 405 (with `Allow`), any other path 404.
 //!
 //! Routing, handlers and per-request bounds are an `axum` router with

@@ -78,7 +78,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::{ArtifactError, ArtifactStore};
 use crate::backoff::Backoff;
-use crate::filter::{Filter, FilterError};
+use crate::filter::{Filter, FilterError, FilterText};
 use crate::fleet_versions::{
     CanaryRules, CanaryStart, Command, FleetVersions, Stored, VersionsError,
 };
@@ -549,6 +549,32 @@ impl Rollout {
             }),
         };
         self.change(command, origin).await
+    }
+
+    /// The stable version's filter set to `filter` (`None`: none), for the
+    /// whole fleet; the plugin stays.
+    ///
+    /// # Errors
+    /// A refused change (a canary runs, nothing deployed), a failed store.
+    pub(crate) async fn deploy_filter(
+        &self,
+        filter: Option<FilterText>,
+        origin: &str,
+    ) -> Result<FleetVersions, RolloutError> {
+        let command = Command::DeployFilter {
+            filter,
+            plugin: None,
+        };
+        self.change(command, origin).await
+    }
+
+    /// The digest of the filter in force here (`none` without one).
+    pub(crate) fn filter_in_force(&self) -> String {
+        self.filter
+            .borrow()
+            .filter
+            .as_ref()
+            .map_or_else(|| "none".to_owned(), |f| f.digest().to_string())
     }
 
     /// A shadow candidate from `bytes`, for the whole fleet.

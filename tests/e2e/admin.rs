@@ -473,3 +473,90 @@ async fn metrics_and_admin_listen_apart_each_with_its_own_routes() {
     );
     host.terminate().await.unwrap();
 }
+
+/// Catches: a memory-store host (no CLI reaches its store) that cannot
+/// change its filter, a bad filter applied, or a report that does not name
+/// the filters.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_filter_is_set_and_cleared_through_the_admin_api() {
+    let guests = guests::build().unwrap();
+    let kinesis = Kinesis::start().await.unwrap();
+    let stream = unique_name("admin-filter");
+    kinesis.create_stream(&stream, 1).await.unwrap();
+    let cfg = config("f", &stream, &guests.echo, "start = \"trim_horizon\"").replace(
+        "[admin]\nlisten = \"127.0.0.1:0\"",
+        &format!("[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\""),
+    );
+    let mut host = HostProcess::start(shardlane_bin(), &cfg, kinesis.endpoint()).unwrap();
+    // Records before, with and after the filter: a `keep-` key passes it.
+    let put_phase = |phase: &'static str| {
+        let records: Vec<(String, Vec<u8>)> = ["keep", "drop"]
+            .iter()
+            .map(|kind| (format!("{kind}-1"), format!("{kind} {phase}").into_bytes()))
+            .collect();
+        let kinesis = &kinesis;
+        let stream = &stream;
+        async move { kinesis.put_records(stream, &records).await.unwrap() }
+    };
+    let echoed = |host: &HostProcess| -> Vec<String> {
+        crate::common::guest_lines(&host.lines(), "echo ")
+            .iter()
+            .map(|l| crate::common::echoed_data(l))
+            .collect()
+    };
+    let wait_echoed = async |host: &mut HostProcess, data: &str| {
+        host.wait_for(
+            &format!("{data} echoed"),
+            Duration::from_secs(60),
+            |lines| {
+                crate::common::guest_lines(lines, "echo ")
+                    .iter()
+                    .any(|l| crate::common::echoed_data(l) == data)
+            },
+        )
+        .await
+        .unwrap();
+    };
+    put_phase("before").await;
+    wait_echoed(&mut host, "drop before").await;
+    let addr = admin_addr(&host);
+
+    let (status, body) = put(
+        &addr,
+        "/subscriptions/f/filter",
+        br#"{"Filters": [{"Pattern": "{\"partitionKey\": [{\"prefix\": 7}]}"}]}"#,
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.starts_with("filter: pattern 1: partitionKey") && body.lines().count() == 1,
+        "{body}"
+    );
+
+    let criteria =
+        br#"{"Filters": [{"Pattern": "{\"partitionKey\": [{\"prefix\": \"keep-\"}]}"}]}"#;
+    let (status, body) = put(&addr, "/subscriptions/f/filter", criteria).await;
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report["old"], "none", "{body}");
+    assert!(
+        report["new"].as_str().unwrap().starts_with("sha256:"),
+        "{body}"
+    );
+    assert_eq!(report["changed"], true, "{body}");
+    put_phase("with").await;
+    wait_echoed(&mut host, "keep with").await;
+
+    let (status, body) = put(&addr, "/subscriptions/f/filter", b"[]").await;
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report["new"], "none", "{body}");
+    put_phase("after").await;
+    wait_echoed(&mut host, "drop after").await;
+    assert!(host.terminate().await.unwrap().success());
+    let seen = echoed(&host);
+    assert!(
+        !seen.contains(&"drop with".to_owned()),
+        "a filtered record reached the guest: {seen:?}"
+    );
+}

@@ -42,7 +42,7 @@ fn by() -> String {
 async fn store(config: &Config, sub: &SubscriptionConfig) -> anyhow::Result<Arc<dyn LeaseStore>> {
     if matches!(config.lease.store, LeaseBackend::Memory) {
         bail!(
-            "subscription {:?} uses the memory lease store, which lives inside the running host: use its admin API (PUT /subscriptions/{}/plugin)",
+            "subscription {:?} uses the memory lease store, which lives inside the running host: use its admin API (PUT /subscriptions/{}/plugin, or …/filter)",
             sub.name.as_str(),
             sub.name
         );
@@ -162,43 +162,14 @@ impl FilterDeploy {
         let name = path.display();
         let bytes = files::read_regular(&path, 1 << 20)
             .with_context(|| format!("cannot read filter {name}"))?;
-        let patterns = filter_patterns(&bytes).with_context(|| format!("filter {name}"))?;
+        let patterns = crate::filter::criteria_patterns(&bytes)
+            .map_err(|e| anyhow::anyhow!("filter {name}: {e}"))?;
         if patterns.is_empty() {
             bail!("filter {name}: no patterns (to deploy no filter, give --no-filter)");
         }
         let filter = Filter::parse(&patterns).with_context(|| format!("filter {name}"))?;
         Ok(Some(filter.text().clone()))
     }
-}
-
-/// The patterns of a filter file: Lambda's `FilterCriteria`
-/// (`{"Filters": [{"Pattern": "<JSON text>"}, …]}`, as `aws lambda`
-/// takes it), or a JSON list of patterns (each an object, or its text).
-fn filter_patterns(bytes: &[u8]) -> anyhow::Result<Vec<String>> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).context("not JSON")?;
-    let shape = "expected Lambda's FilterCriteria ({\"Filters\": [{\"Pattern\": \"…\"}]}) or a list of patterns";
-    let items = match &value {
-        serde_json::Value::Array(items) => items.iter().collect::<Vec<_>>(),
-        serde_json::Value::Object(map) => match map.get("Filters") {
-            Some(serde_json::Value::Array(filters)) => filters
-                .iter()
-                .map(|f| {
-                    f.get("Pattern")
-                        .ok_or_else(|| anyhow::anyhow!("a filter without \"Pattern\": {shape}"))
-                })
-                .collect::<anyhow::Result<_>>()?,
-            _ => bail!("{shape}"),
-        },
-        _ => bail!("{shape}"),
-    };
-    items
-        .into_iter()
-        .map(|item| match item {
-            serde_json::Value::String(text) => Ok(text.clone()),
-            serde_json::Value::Object(_) => Ok(item.to_string()),
-            other => bail!("a pattern is an object or its JSON text, not {other}"),
-        })
-        .collect()
 }
 
 /// Checks `plugin` as a version of `sub`, stores it in the artifact store

@@ -2,7 +2,7 @@
 //! one case a line: a pattern, a record's data (and key), and whether it
 //! is let in.
 
-use super::{Filter, RecordView};
+use super::{Filter, RecordView, criteria_patterns};
 
 /// `pattern` against a record with `data` (bytes as given), key `pk-7`,
 /// arriving at 1,545,084,650,987 ms.
@@ -605,4 +605,33 @@ fn a_filter_is_known_by_its_canonical_text() {
     let two = Filter::parse(&[r#"{"a": [1]}"#, r#"{"b": [1]}"#]).unwrap();
     let swapped = Filter::parse(&[r#"{"b": [1]}"#, r#"{"a": [1]}"#]).unwrap();
     assert_ne!(two.digest(), swapped.digest());
+}
+
+/// Catches: a FilterCriteria file or body read otherwise than `aws lambda`
+/// writes it, or a wrong shape accepted.
+#[test]
+fn criteria_are_read_in_lambdas_shape_or_as_a_list() {
+    let criteria = br#"{"Filters": [{"Pattern": "{\"a\": [1]}"}, {"Pattern": "{\"b\": [2]}"}]}"#;
+    assert_eq!(
+        criteria_patterns(criteria).unwrap(),
+        [r#"{"a": [1]}"#, r#"{"b": [2]}"#]
+    );
+    assert_eq!(
+        criteria_patterns(br#"[{"a": [1]}, "{\"b\": [2]}"]"#).unwrap(),
+        [r#"{"a":[1]}"#, r#"{"b": [2]}"#]
+    );
+    assert!(criteria_patterns(b"[]").unwrap().is_empty());
+    for bad in [
+        &b"{"[..],
+        b"{\"Filters\": 1}",
+        b"[1]",
+        br#"{"Filters": [{}]}"#,
+        b"7",
+    ] {
+        assert!(
+            criteria_patterns(bad).is_err(),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
 }

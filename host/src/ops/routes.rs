@@ -24,6 +24,7 @@ use tower_http::timeout::TimeoutLayer;
 
 use super::limits::{BODY_READ_TIMEOUT, CONNECTION_LIFETIME, LogGate, capped};
 use super::{LOG_INTERVAL, MAX_PLUGIN_UPLOAD, OpsState, Routes, status_page};
+use crate::filter::{Filter, FilterText};
 use crate::fleet_versions::{CanaryRules, Command, VersionsError};
 use crate::ids::SubscriptionName;
 use crate::key_slice::KeySlice;
@@ -66,6 +67,7 @@ pub(super) fn router(state: Arc<OpsState>, routes: Routes) -> Router {
         .route("/subscriptions/{name}/canary/rollback", post(rollback))
         .route("/subscriptions/{name}/shadow", put(shadow))
         .route("/subscriptions/{name}/shadow/stop", post(shadow_stop))
+        .route("/subscriptions/{name}/filter", put(filter))
         .route_layer(RequestBodyLimitLayer::new(MAX_PLUGIN_UPLOAD))
         // The token first (the outermost route layer): a caller without it
         // learns nothing about names, parameters or sizes.
@@ -194,6 +196,30 @@ enum Admin {
     Rollback,
     Shadow(Vec<u8>),
     ShadowStop,
+    /// The stable version's filter (`None`: none).
+    Filter(Option<FilterText>),
+}
+
+/// `PUT …/filter`: the body is Lambda's `FilterCriteria` or a list of
+/// patterns (`[]`: no filter), checked as at start-up; 422 with one line
+/// naming the fault otherwise.
+async fn filter(State(ctx): State<Ctx>, Path(name): Path<String>, body: Body) -> Response {
+    let body = match read_upload(body).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
+    let parsed = crate::filter::criteria_patterns(&body).and_then(|patterns| {
+        if patterns.is_empty() {
+            return Ok(None);
+        }
+        Filter::parse(&patterns)
+            .map(|f| Some(f.text().clone()))
+            .map_err(|e| e.to_string())
+    });
+    match parsed {
+        Ok(filter) => write(&ctx, &name, Admin::Filter(filter)).await,
+        Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("filter: {e}\n")),
+    }
 }
 
 async fn shadow(State(ctx): State<Ctx>, Path(name): Path<String>, body: Body) -> Response {
@@ -265,7 +291,13 @@ async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
     // Every write changes the fleet's versions in the lease store, so
     // whichever instance answers, every instance sharing the store follows.
     let started = Instant::now();
-    let old = rollout.running();
+    // A filter write reports filters; any other, plugin versions.
+    let filter_write = matches!(action, Admin::Filter(_));
+    let old = if filter_write {
+        rollout.filter_in_force()
+    } else {
+        rollout.running()
+    };
     let done = match action {
         Admin::Swap(upload) => rollout.deploy(upload, None, "admin API").await,
         Admin::Canary(upload, slice, rules) => {
@@ -277,6 +309,7 @@ async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
         Admin::Rollback => rollout.change(Command::DropCanary, "admin API").await,
         Admin::Shadow(upload) => rollout.deploy_shadow(upload, "admin API").await,
         Admin::ShadowStop => rollout.change(Command::EndShadow, "admin API").await,
+        Admin::Filter(filter) => rollout.deploy_filter(filter, "admin API").await,
     };
     let report = |new: String| {
         axum::Json(Report {
@@ -288,6 +321,12 @@ async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
         .into_response()
     };
     match done {
+        Ok(versions) if filter_write => report(
+            versions
+                .filter
+                .as_ref()
+                .map_or_else(|| "none".to_owned(), ToString::to_string),
+        ),
         Ok(versions) => {
             // A canary reports its candidate; anything else the stable version.
             let new = versions
