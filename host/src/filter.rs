@@ -135,6 +135,27 @@ pub(crate) fn criteria_patterns(bytes: &[u8]) -> Result<Vec<String>, String> {
         .collect()
 }
 
+/// How a filter that may be missing is named in reports and logs: its
+/// digest, or `none`.
+pub(crate) fn filter_name(digest: Option<&FilterDigest>) -> String {
+    digest.map_or_else(|| "none".to_owned(), ToString::to_string)
+}
+
+/// The filter a [`criteria_patterns`] JSON makes, checked as at start-up;
+/// `None` for an empty list (no filter).
+///
+/// # Errors
+/// Not one of the two shapes, or a pattern that breaks a rule (one line
+/// naming it).
+pub(crate) fn criteria_filter(bytes: &[u8]) -> Result<Option<FilterText>, String> {
+    let patterns = criteria_patterns(bytes)?;
+    if patterns.is_empty() {
+        return Ok(None);
+    }
+    let filter = Filter::parse(&patterns).map_err(|e| e.to_string())?;
+    Ok(Some(filter.text))
+}
+
 /// A subscription's filter: the patterns, any of which lets a record in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Filter {

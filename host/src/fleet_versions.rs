@@ -72,12 +72,16 @@
 //! Floor 1 (ground values) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor.
 
+mod filters;
+
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use crate::filter::FilterText;
 use crate::ids::{FilterDigest, PluginDigest};
+
+use filters::filter_words;
 
 /// History entries kept per subscription (the oldest are dropped first):
 /// a DynamoDB item holds at most 400 KB, and an entry is ~300 bytes.
@@ -591,52 +595,6 @@ impl FleetVersions {
         Ok((Action::Deploy, digest, note))
     }
 
-    /// Makes `text` the stable version's filter, keeping its text.
-    fn set_filter(&mut self, text: Option<FilterText>) {
-        self.filter_declared = true;
-        self.filter = text.as_ref().map(|t| t.digest.clone());
-        if let Some(text) = text
-            && !self.filters.iter().any(|t| t.digest == text.digest)
-        {
-            self.filters.push(text);
-        }
-    }
-
-    /// Keeps the texts of the stable filter and of the latest distinct
-    /// ones before it ([`FILTERS_KEPT`] in all).
-    fn keep_filters(&mut self) {
-        let mut wanted: Vec<&FilterDigest> = self.filter.iter().collect();
-        for change in self.history.iter().rev().filter(|c| c.made_stable()) {
-            if wanted.len() >= FILTERS_KEPT {
-                break;
-            }
-            if let Some(digest) = &change.filter
-                && !wanted.contains(&digest)
-            {
-                wanted.push(digest);
-            }
-        }
-        let wanted: Vec<FilterDigest> = wanted.into_iter().cloned().collect();
-        self.filters.retain(|t| wanted.contains(&t.digest));
-    }
-
-    /// The text of the stable version's filter (`None`: no filter).
-    ///
-    /// # Errors
-    /// [`VersionsError::FilterGone`] when its text is missing (a value
-    /// written by hand).
-    pub fn stable_filter(&self) -> Result<Option<&FilterText>, VersionsError> {
-        match &self.filter {
-            None => Ok(None),
-            Some(digest) => self
-                .filters
-                .iter()
-                .find(|t| &t.digest == digest)
-                .map(Some)
-                .ok_or_else(|| VersionsError::FilterGone(digest.clone())),
-        }
-    }
-
     /// The first versions of an empty fleet (module docs).
     fn declare(
         mut self,
@@ -746,16 +704,6 @@ impl FleetVersions {
         self.declared.push(digest);
         if self.declared.len() > DECLARED_KEPT {
             self.declared.remove(0);
-        }
-    }
-
-    /// Notes that a config declared the filter `digest` (the last
-    /// [`DECLARED_KEPT`]).
-    fn remember_declared_filter(&mut self, digest: Option<FilterDigest>) {
-        self.declared_filters.retain(|d| d != &digest);
-        self.declared_filters.push(digest);
-        if self.declared_filters.len() > DECLARED_KEPT {
-            self.declared_filters.remove(0);
         }
     }
 
@@ -924,14 +872,6 @@ impl FleetVersions {
             .chain(self.canary.as_ref().map(|c| &c.candidate))
             .chain(self.shadow.as_ref())
             .collect()
-    }
-}
-
-/// A filter in words, for notes and messages.
-fn filter_words(filter: Option<&FilterDigest>) -> String {
-    match filter {
-        Some(digest) => format!("filter {}", digest.short()),
-        None => "no filter".to_owned(),
     }
 }
 

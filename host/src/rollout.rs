@@ -78,7 +78,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::{ArtifactError, ArtifactStore};
 use crate::backoff::Backoff;
-use crate::filter::{Filter, FilterError, FilterText};
+use crate::filter::{Filter, FilterError, FilterText, filter_name};
 use crate::fleet_versions::{
     CanaryRules, CanaryStart, Command, FleetVersions, Stored, VersionsError,
 };
@@ -570,11 +570,7 @@ impl Rollout {
 
     /// The digest of the filter in force here (`none` without one).
     pub(crate) fn filter_in_force(&self) -> String {
-        self.filter
-            .borrow()
-            .filter
-            .as_ref()
-            .map_or_else(|| "none".to_owned(), |f| f.digest().to_string())
+        filter_name(self.filter.borrow().filter.as_ref().map(|f| f.digest()))
     }
 
     /// A shadow candidate from `bytes`, for the whole fleet.
@@ -764,8 +760,8 @@ impl Rollout {
                 return false;
             }
             if active.filter.as_ref().map(|f| f.digest()) != filter.as_ref().map(|f| f.digest()) {
-                let digest = filter.as_ref().map(|f| f.digest().to_string());
-                tracing::info!(subscription = %self.subscription, filter = digest.as_deref().unwrap_or("none"), "the fleet's filter is in force here");
+                let name = filter_name(filter.as_ref().map(|f| f.digest()));
+                tracing::info!(subscription = %self.subscription, filter = %name, "the fleet's filter is in force here");
             }
             *active = Arc::new(ActiveFilter::new(
                 &self.telemetry,
@@ -811,8 +807,7 @@ impl Rollout {
         }
         let config = self.declaration.filter.as_ref().map(|f| f.digest());
         if versions.stable.is_some() && config != versions.filter.as_ref() {
-            let words = |d: Option<&FilterDigest>| d.map_or("none".to_owned(), ToString::to_string);
-            tracing::warn!(subscription = %self.subscription, config = %words(config), fleet = %words(versions.filter.as_ref()), "the config's filter is not the fleet's: applying the fleet's (`shardlane versions` shows the history; `shardlane deploy --filter` or roll back to change it)");
+            tracing::warn!(subscription = %self.subscription, config = %filter_name(config), fleet = %filter_name(versions.filter.as_ref()), "the config's filter is not the fleet's: applying the fleet's (`shardlane versions` shows the history; `shardlane deploy --filter` or roll back to change it)");
         }
     }
 

@@ -20,7 +20,7 @@ use anyhow::{Context as _, bail};
 
 use crate::config::{Config, LeaseBackend, SubscriptionConfig, defaults};
 use crate::files::{self, MAX_PLUGIN_BYTES};
-use crate::filter::{Filter, FilterText};
+use crate::filter::FilterText;
 use crate::fleet_versions::{
     CanaryRules, CanaryStart, Command, FleetVersions, Stored, check_fraction,
 };
@@ -162,13 +162,13 @@ impl FilterDeploy {
         let name = path.display();
         let bytes = files::read_regular(&path, 1 << 20)
             .with_context(|| format!("cannot read filter {name}"))?;
-        let patterns = crate::filter::criteria_patterns(&bytes)
-            .map_err(|e| anyhow::anyhow!("filter {name}: {e}"))?;
-        if patterns.is_empty() {
-            bail!("filter {name}: no patterns (to deploy no filter, give --no-filter)");
+        match crate::filter::criteria_filter(&bytes) {
+            Ok(Some(text)) => Ok(Some(text)),
+            Ok(None) => {
+                bail!("filter {name}: no patterns (to deploy no filter, give --no-filter)")
+            }
+            Err(e) => bail!("filter {name}: {e}"),
         }
-        let filter = Filter::parse(&patterns).with_context(|| format!("filter {name}"))?;
-        Ok(Some(filter.text().clone()))
     }
 }
 

@@ -24,7 +24,7 @@ use tower_http::timeout::TimeoutLayer;
 
 use super::limits::{BODY_READ_TIMEOUT, CONNECTION_LIFETIME, LogGate, capped};
 use super::{LOG_INTERVAL, MAX_PLUGIN_UPLOAD, OpsState, Routes, status_page};
-use crate::filter::{Filter, FilterText};
+use crate::filter::FilterText;
 use crate::fleet_versions::{CanaryRules, Command, VersionsError};
 use crate::ids::SubscriptionName;
 use crate::key_slice::KeySlice;
@@ -208,15 +208,7 @@ async fn filter(State(ctx): State<Ctx>, Path(name): Path<String>, body: Body) ->
         Ok(body) => body,
         Err(refused) => return refused,
     };
-    let parsed = crate::filter::criteria_patterns(&body).and_then(|patterns| {
-        if patterns.is_empty() {
-            return Ok(None);
-        }
-        Filter::parse(&patterns)
-            .map(|f| Some(f.text().clone()))
-            .map_err(|e| e.to_string())
-    });
-    match parsed {
+    match crate::filter::criteria_filter(&body) {
         Ok(filter) => write(&ctx, &name, Admin::Filter(filter)).await,
         Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("filter: {e}\n")),
     }
@@ -321,12 +313,9 @@ async fn write(ctx: &Ctx, name: &str, action: Admin) -> Response {
         .into_response()
     };
     match done {
-        Ok(versions) if filter_write => report(
-            versions
-                .filter
-                .as_ref()
-                .map_or_else(|| "none".to_owned(), ToString::to_string),
-        ),
+        Ok(versions) if filter_write => {
+            report(crate::filter::filter_name(versions.filter.as_ref()))
+        }
         Ok(versions) => {
             // A canary reports its candidate; anything else the stable version.
             let new = versions

@@ -197,12 +197,7 @@ impl Journal {
         written: &crate::state::Delta,
     ) {
         for o in outputs {
-            text.push(format!(
-                "{indent}  output to {} key {:?}: {}{kept}",
-                o.stream,
-                o.partition_key.as_str(),
-                shown(&o.data)
-            ));
+            text.push(output_line(indent, o, kept));
         }
         for (name, value) in written {
             let value = value
@@ -237,12 +232,7 @@ impl Journal {
             Err(_) => &[],
         };
         for o in outputs {
-            text.push(format!(
-                "  output to {} key {:?}: {}{kept}",
-                o.stream,
-                o.partition_key.as_str(),
-                shown(&o.data)
-            ));
+            text.push(output_line("", o, kept));
         }
         let writes = state.deltas();
         let mut written = Vec::new();
@@ -349,6 +339,16 @@ fn outcome_json(outcome: &Outcome) -> Json {
         Outcome::Retry(reason) => json!({"retry": reason}),
         Outcome::Reject(reason) => json!({"reject": reason}),
     }
+}
+
+/// One output as a text line (`kept`: empty, or why it is not kept).
+fn output_line(indent: &str, o: &Output, kept: &str) -> String {
+    format!(
+        "{indent}  output to {} key {:?}: {}{kept}",
+        o.stream,
+        o.partition_key.as_str(),
+        shown(&o.data)
+    )
 }
 
 /// Bytes as a line shows them: text as it is (quoted), other bytes as hex.
