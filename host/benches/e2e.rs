@@ -294,7 +294,10 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
 
     println!("(a) bare SDK loop …");
     let floor = sdk_floor(&kinesis, records).await?;
-    let empty_poll = sdk_empty_poll(&kinesis).await?;
+    let empty_poll = sdk_empty_poll(&kinesis, false).await?;
+    // What a per-call config override (retries off for one request, as
+    // the host once sent every GetRecords) adds to that floor.
+    let empty_poll_overridden = sdk_empty_poll(&kinesis, true).await?;
     println!(
         "    {:.3} CPU-s, {:.2} µs/record, {:.2} s wall",
         floor.cpu.as_secs_f64(),
@@ -393,6 +396,10 @@ async fn run(records: usize, output_records: usize, idle_secs: u64) -> anyhow::R
         empty_poll.as_secs_f64() * f64::from(SHARDS)
             / shardlane::defaults::POLL_IDLE_MAX.as_secs_f64()
             * 100.0
+    );
+    println!(
+        "    the same GetRecords with a per-call config override (retries off for the call): {:.0} µs of CPU",
+        empty_poll_overridden.as_secs_f64() * 1e6,
     );
     Ok(())
 }
@@ -525,8 +532,9 @@ async fn sdk_floor(kinesis: &Kinesis, records: usize) -> anyhow::Result<Measured
 
 /// The CPU one empty GetRecords costs the bare SDK: 200 calls
 /// (`SHARDLANE_BENCH_EMPTY_POLLS`) on a shard of the empty stream, after 20
-/// to warm up.
-async fn sdk_empty_poll(kinesis: &Kinesis) -> anyhow::Result<Duration> {
+/// to warm up; with `overridden`, each call also overrides the client's
+/// retry config (`customize().config_override(..)`).
+async fn sdk_empty_poll(kinesis: &Kinesis, overridden: bool) -> anyhow::Result<Duration> {
     let client = kinesis.client();
     let shards = client.list_shards().stream_name(EMPTY).send().await?;
     let shard = shards
@@ -550,11 +558,18 @@ async fn sdk_empty_poll(kinesis: &Kinesis) -> anyhow::Result<Duration> {
         if call == 20 {
             before = own_cpu();
         }
-        let page = client
-            .get_records()
-            .shard_iterator(&iterator)
-            .send()
-            .await?;
+        let call = client.get_records().shard_iterator(&iterator);
+        let page = if overridden {
+            call.customize()
+                .config_override(
+                    aws_sdk_kinesis::config::Builder::default()
+                        .retry_config(aws_config::retry::RetryConfig::disabled()),
+                )
+                .send()
+                .await?
+        } else {
+            call.send().await?
+        };
         if !page.records().is_empty() {
             bail!("the empty stream has records");
         }

@@ -267,6 +267,12 @@ impl ShardInfo {
 #[derive(Clone, Debug)]
 pub(crate) struct Kinesis {
     client: Client,
+    /// The same client without retries, for GetRecords (see
+    /// [`Kinesis::get_records`]). Made once: overriding the retry config
+    /// per call (`customize().config_override`) rebuilds the call's runtime
+    /// components every time, ~9 % of an empty poll's CPU (BENCHMARKS.md,
+    /// "Idle"). It shares the client's connection pool.
+    reads: Client,
 }
 
 impl Kinesis {
@@ -277,15 +283,19 @@ impl Kinesis {
         if let Some(url) = &aws.endpoint_url {
             config = config.endpoint_url(url);
         }
-        Self {
-            client: Client::from_conf(config.build()),
-        }
+        Self::from_client(Client::from_conf(config.build()))
     }
 
-    /// Around an SDK client made elsewhere (tests).
-    #[cfg(test)]
+    /// Around an SDK client made elsewhere (tests), or by [`Kinesis::connect`].
     pub(crate) fn from_client(client: Client) -> Self {
-        Self { client }
+        let reads = Client::from_conf(
+            client
+                .config()
+                .to_builder()
+                .retry_config(RetryConfig::disabled())
+                .build(),
+        );
+        Self { client, reads }
     }
 
     /// Checks that `stream` exists (DescribeStreamSummary); returns its
@@ -423,14 +433,10 @@ impl Kinesis {
         limit: i32,
     ) -> Result<Page, KinesisError> {
         let output = self
-            .client
+            .reads
             .get_records()
             .shard_iterator(iterator)
             .limit(limit)
-            .customize()
-            .config_override(
-                aws_sdk_kinesis::config::Builder::default().retry_config(RetryConfig::disabled()),
-            )
             .send()
             .await
             .map_err(KinesisError::from_sdk)?;

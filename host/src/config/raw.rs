@@ -167,7 +167,7 @@ pub(super) struct RawSubscription {
     pub(super) consumer_name: Option<String>,
     /// Wait after a read that returned nothing (default "200ms").
     pub(super) poll_idle: Option<String>,
-    /// ...growing to this on a shard quiet for 30 s (default "1s").
+    /// ...growing to this on a shard quiet for 30 s (default "1500ms").
     pub(super) poll_idle_max: Option<String>,
     /// GetRecords per shard per second at most (default 5).
     pub(super) max_reads_per_second: Option<f64>,

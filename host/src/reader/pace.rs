@@ -15,11 +15,12 @@
 //! - **Empty reads** wait `poll_idle` (default 200 ms: a record that
 //!   arrives on a quiet shard is about 100 ms from its handler); once a
 //!   shard has been empty for [`IDLE_RAMP_AFTER`] (30 s), each further
-//!   empty read doubles the wait, up to `poll_idle_max` (default 1 s, the
-//!   rate KCL and Lambda poll at, leaving four reads a second to others).
+//!   empty read doubles the wait, up to `poll_idle_max` (default 1.5 s, KCL's
+//!   time between reads; Lambda polls about once a second), leaving the
+//!   rest of the shard's five reads a second to others.
 //!   The first read with records restores `poll_idle`. A stream that gets
 //!   a record every few seconds per shard keeps the short wait (and its
-//!   latency); one that is silent for minutes costs a read a second. (At
+//!   latency); one that is silent for minutes costs a read every 1.5 s. (At
 //!   10 s, a 4-shard stream with a record every half second delayed about one
 //!   record in 150 by the ramp in the latency benchmark: 30 s keeps the
 //!   ramp to shards that really are idle.)
