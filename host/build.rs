@@ -5,7 +5,7 @@
 //! one relative relocation per pointer in its read-only data at start-up
 //! (about 116,000 here). As classic RELA entries that table is 2.8 MB,
 //! read whole at every start and left resident: 7 % of an idle host's
-//! memory (BENCHMARKS.md, "Memory"). RELR packs the same relocations into
+//! memory (BENCHMARKS.md, "Memory and idle polling"). RELR packs the same relocations into
 //! bitmaps of a few kilobytes; the binary stays position independent, so
 //! address-space randomisation is unchanged.
 //!

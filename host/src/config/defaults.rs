@@ -17,11 +17,11 @@ pub const POLL_IDLE: Duration = Duration::from_millis(200);
 /// A shard empty for 30 s backs off to one read every 1.5 s, KCL's
 /// default time between reads (`idleTimeBetweenReadsInMillis`; Lambda
 /// polls about once a second): an idle subscription costs little CPU
-/// (each empty read is ~0.4 ms of the SDK's CPU, so 0.025 % of a core per
-/// idle shard; BENCHMARKS.md) and leaves the shard's reads to others. The
-/// price: the first record on a shard quiet for 30 s or more waits up to
-/// 1.5 s (0.75 s on average) for its read; a shard with a record every
-/// few seconds keeps `POLL_IDLE`.
+/// (an empty read costs the SDK 0.4–0.6 ms of CPU, an idle shard about
+/// 0.04 % of a core; BENCHMARKS.md, "Memory and idle polling") and leaves
+/// the shard's reads to others. The price: the first record on a shard
+/// quiet for 30 s or more waits up to 1.5 s (0.75 s on average) for its
+/// read; a shard with a record every few seconds keeps `POLL_IDLE`.
 pub const POLL_IDLE_MAX: Duration = Duration::from_millis(1500);
 /// Six checkpoint writes a minute per busy shard (an idle one writes none:
 /// a checkpoint is written only when the position moved). A crash
