@@ -33,12 +33,35 @@
 //! the last receiver goes it closes the channel and wakes every sender,
 //! whose next try fails as closed.
 //!
+//! # Waking a receiver per fill
+//! A batch lane with a batch open does not need each record as it comes:
+//! it needs to know when enough wait to fill its batch, or when the
+//! batch's window ends. Waiting in `recv` it would be woken by every send
+//! (a task switch per record, as above but on the receiving side).
+//! [`DeliveryReceiver::filled`] waits instead until `n` deliveries wait
+//! ([`Fill`]; `n` at most half the channel, so the senders never wait on
+//! it), or every sender is gone; the lane then takes them all with
+//! `try_recv`. The lane still takes the batch's first record at once
+//! (its arrival starts the window), and its window bounds the wait.
+//!
+//! Why no wake-up is lost: the same order as for senders. A waiting
+//! receiver registers with the `Notify`, lowers `wanted` to its `n`, then
+//! looks at the fill (and at the count of live senders) once more; a
+//! sender, after each send, reads `wanted` and, with at least that many
+//! waiting, clears it and wakes every registered receiver. A send that
+//! read `wanted` before it was lowered was already counted by the
+//! receiver's last look. The count of live senders is the channel's own
+//! (kept here because `async-channel` cannot wait for its close): the
+//! sender whose drop takes it to zero wakes every registered receiver
+//! after the count shows it, so a receiver sees the close either in its
+//! last look or by being woken.
+//!
 //! Floor 3 (sinks and clients) of the crate's layers (see "Layers" in the crate
 //! docs): imports only its own floor and those below.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use async_channel::{RecvError, SendError, TrySendError};
 use tokio::sync::Notify;
@@ -150,18 +173,61 @@ struct Room {
     waiting: AtomicBool,
 }
 
+/// What receivers waiting for a fill wait on (module docs).
+#[derive(Debug)]
+struct Fill {
+    /// Wakes the waiting receivers.
+    notify: Notify,
+    /// The smallest fill a receiver waits for; 0 when none waits.
+    wanted: AtomicUsize,
+    /// Live senders: at zero the channel is closed.
+    senders: AtomicUsize,
+}
+
 /// The sending half, one clone per reader.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) struct DeliverySender {
     tx: async_channel::Sender<Work>,
     room: Arc<Room>,
+    fill: Arc<Fill>,
+}
+
+impl Clone for DeliverySender {
+    fn clone(&self) -> Self {
+        self.fill.senders.fetch_add(1, Ordering::SeqCst);
+        Self {
+            tx: self.tx.clone(),
+            room: self.room.clone(),
+            fill: self.fill.clone(),
+        }
+    }
+}
+
+impl Drop for DeliverySender {
+    fn drop(&mut self) {
+        // The last sender: receivers waiting for a fill see the close.
+        if self.fill.senders.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.fill.notify.notify_waiters();
+        }
+    }
 }
 
 impl DeliverySender {
     /// Puts `work` in a free slot, or gives it back: full or closed.
     pub(crate) fn try_send(&self, work: Work) -> Result<(), TrySendError<Work>> {
-        self.tx.try_send(work)
+        self.tx.try_send(work)?;
+        self.made_fill();
+        Ok(())
+    }
+
+    /// Wakes receivers waiting for a fill the channel has reached.
+    fn made_fill(&self) {
+        let wanted = self.fill.wanted.load(Ordering::SeqCst);
+        if wanted != 0 && self.tx.len() >= wanted && self.fill.wanted.swap(0, Ordering::SeqCst) != 0
+        {
+            self.fill.notify.notify_waiters();
+        }
     }
 
     /// Puts `delivery` in the channel, waiting while it is full until it
@@ -191,7 +257,7 @@ impl DeliverySender {
     /// One try: done (sent, or the channel closed), or the delivery back
     /// because the channel is full.
     fn offer(&self, delivery: Work) -> ControlFlow<Result<(), SendError<Work>>, Work> {
-        match self.tx.try_send(delivery) {
+        match self.try_send(delivery) {
             Ok(()) => ControlFlow::Break(Ok(())),
             Err(TrySendError::Closed(d)) => ControlFlow::Break(Err(SendError(d))),
             Err(TrySendError::Full(d)) => ControlFlow::Continue(d),
@@ -206,6 +272,7 @@ impl DeliverySender {
 pub(crate) struct DeliveryReceiver {
     rx: async_channel::Receiver<Work>,
     room: Arc<Room>,
+    fill: Arc<Fill>,
     /// At or below this many, waiting senders are woken.
     low_water: usize,
 }
@@ -223,6 +290,41 @@ impl DeliveryReceiver {
         let delivery = self.rx.try_recv().ok()?;
         self.made_room();
         Some(delivery)
+    }
+
+    /// Waits until `n` deliveries wait, or every sender is gone (module
+    /// docs); `n` counts at most half the channel, so that senders never
+    /// wait on it. Takes nothing; cancel-safe.
+    pub(crate) async fn filled(&self, n: usize) {
+        let n = n.clamp(1, self.low_water.max(1));
+        loop {
+            if self.reached(n) {
+                return;
+            }
+            let notified = self.fill.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let _ = self
+                .fill
+                .wanted
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+                    Some(if w == 0 { n } else { w.min(n) })
+                });
+            if self.reached(n) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Every sender is gone and nothing waits: `recv` would fail.
+    pub(crate) fn is_drained(&self) -> bool {
+        self.rx.is_empty() && self.fill.senders.load(Ordering::SeqCst) == 0
+    }
+
+    /// `n` deliveries wait, or no sender is left.
+    fn reached(&self, n: usize) -> bool {
+        self.rx.len() >= n || self.fill.senders.load(Ordering::SeqCst) == 0
     }
 
     /// Wakes waiting senders once the channel has drained to half.
@@ -256,14 +358,21 @@ impl Drop for DeliveryReceiver {
 pub(crate) fn bounded(capacity: usize) -> (DeliverySender, DeliveryReceiver) {
     let (tx, rx) = async_channel::bounded(capacity);
     let room = Arc::new(Room::default());
+    let fill = Arc::new(Fill {
+        notify: Notify::new(),
+        wanted: AtomicUsize::new(0),
+        senders: AtomicUsize::new(1),
+    });
     (
         DeliverySender {
             tx,
             room: room.clone(),
+            fill: fill.clone(),
         },
         DeliveryReceiver {
             rx,
             room,
+            fill,
             low_water: capacity / 2,
         },
     )
@@ -329,6 +438,120 @@ mod tests {
             .expect("woken when closed")
             .unwrap();
         assert!(sent.is_err());
+    }
+
+    /// Catches: a receiver waiting for a fill woken before it (a wake per
+    /// record again), or never.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_receiver_waiting_for_a_fill_wakes_when_it_is_reached() {
+        let (tx, rx) = bounded(16);
+        let waiting = tokio::spawn({
+            let rx = rx.clone();
+            async move { rx.filled(3).await }
+        });
+        tx.send(delivery(0)).await.unwrap();
+        tx.send(delivery(1)).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "woken with 2 of 3");
+        tx.send(delivery(2)).await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("woken at 3")
+            .unwrap();
+        assert_eq!(rx.len(), 3, "filled takes nothing");
+    }
+
+    /// Catches: a fill wanted beyond half the channel, which would hold
+    /// its senders waiting for room that only the waiting receiver makes.
+    #[tokio::test]
+    async fn a_fill_counts_at_most_half_the_channel() {
+        let (tx, rx) = bounded(8);
+        for n in 0..4 {
+            tx.send(delivery(n)).await.unwrap();
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(5), rx.filled(100))
+            .await
+            .expect("half of 8 is a fill");
+    }
+
+    /// Catches: a receiver waiting for a fill that never comes left
+    /// waiting after the last sender went (the lane would wait out its
+    /// batch window at every shutdown, or forever).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_receiver_waiting_for_a_fill_wakes_when_the_last_sender_goes() {
+        let (tx, rx) = bounded(16);
+        let other = tx.clone();
+        tx.send(delivery(0)).await.unwrap();
+        let waiting = tokio::spawn({
+            let rx = rx.clone();
+            async move { rx.filled(5).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        drop(tx);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "one sender is still there");
+        assert!(!rx.is_drained());
+        drop(other);
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("woken by the close")
+            .unwrap();
+        assert!(!rx.is_drained(), "a delivery still waits");
+        rx.recv().await.unwrap();
+        assert!(rx.is_drained());
+    }
+
+    /// Senders racing receivers that wait for fills: every wait ends (no
+    /// lost wake-up) and every delivery arrives once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn receivers_waiting_for_fills_lose_no_wake_up() {
+        let (tx, rx) = bounded(8);
+        let mut senders = Vec::new();
+        for s in 0..3u64 {
+            let tx = tx.clone();
+            senders.push(tokio::spawn(async move {
+                for n in 0..2000 {
+                    tx.send(delivery(s * 10_000 + n)).await.unwrap();
+                    if n % 97 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            }));
+        }
+        drop(tx);
+        let mut receivers = Vec::new();
+        for r in 0..2usize {
+            let rx = rx.clone();
+            receivers.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                loop {
+                    rx.filled(1 + (got.len() + r) % 4).await;
+                    while let Some(Work::Record(d)) = rx.try_recv() {
+                        got.push(d.ticket.offset);
+                    }
+                    if rx.is_drained() {
+                        return got;
+                    }
+                }
+            }));
+        }
+        drop(rx);
+        for s in senders {
+            s.await.unwrap();
+        }
+        let mut all = Vec::new();
+        for r in receivers {
+            let got = tokio::time::timeout(std::time::Duration::from_secs(20), r)
+                .await
+                .expect("no receiver left waiting")
+                .unwrap();
+            all.extend(got);
+        }
+        all.sort_unstable();
+        let want: Vec<u64> = (0..3u64)
+            .flat_map(|s| (0..2000).map(move |n| s * 10_000 + n))
+            .collect();
+        assert_eq!(all, want);
     }
 
     /// Many senders and receivers: every delivery arrives exactly once.

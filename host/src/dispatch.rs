@@ -31,6 +31,8 @@
 //! ([`batch::BatchCollector`]), and calls `handle-batch`. A batch may mix
 //! shards; each record settles by its own outcome. In by_key mode each lane
 //! batches only its own keys, so per-key order holds across batches.
+//! While a batch is open its lane is woken by what would fill it, or by its
+//! window's end, not by each record ("Waking per fill" in [`lane`]).
 //!
 //! # Retries and failures
 //! `ack` and `reject` settle a record. `retry`, a trap and a timeout deliver
@@ -72,6 +74,7 @@ pub(crate) use handler::{CallError, Handled, Handler, HandlerFactory, Outcome};
 
 use std::sync::Arc;
 
+use async_channel::TrySendError;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -185,30 +188,46 @@ impl<F: HandlerFactory> Dispatcher<F> {
 }
 
 /// Moves deliveries from the channel into their key's lane inbox until the
-/// channel is closed and drained, or `hard_stop`.
+/// channel is closed and drained, or `hard_stop`. What already waits is
+/// moved without a `select!` per delivery (each would register a waiter
+/// for `hard_stop` and drop it again); it waits only on an empty channel
+/// or a full inbox.
 async fn route_by_key(
     deliveries: &DeliveryReceiver,
     inboxes: &[DeliverySender],
     hard_stop: &CancellationToken,
 ) {
+    let stopped = hard_stop.cancelled();
+    tokio::pin!(stopped);
     loop {
-        let delivery = tokio::select! {
-            biased;
-            _ = hard_stop.cancelled() => return,
-            d = deliveries.recv() => match d {
-                Ok(d) => d,
-                Err(_) => return,
+        if hard_stop.is_cancelled() {
+            return;
+        }
+        let work = match deliveries.try_recv() {
+            Some(work) => work,
+            None => tokio::select! {
+                biased;
+                _ = &mut stopped => return,
+                d = deliveries.recv() => match d {
+                    Ok(d) => d,
+                    Err(_) => return,
+                },
             },
         };
-        let lane = delivery
+        let inbox = &inboxes[work
             .routing_key()
-            .map_or(0, |key| routing::lane_for(key, inboxes.len()));
+            .map_or(0, |key| routing::lane_for(key, inboxes.len()))];
+        let work = match inbox.try_send(work) {
+            Ok(()) => continue,
+            Err(TrySendError::Full(work)) => work,
+            // A lane only closes its inbox by ending, which it does only
+            // on hard_stop: nothing more can be handled.
+            Err(TrySendError::Closed(_)) => return,
+        };
         tokio::select! {
             biased;
-            _ = hard_stop.cancelled() => return,
-            sent = inboxes[lane].send(delivery) => if sent.is_err() {
-                // A lane only closes its inbox by ending, which it does
-                // only on hard_stop: nothing more can be handled.
+            _ = &mut stopped => return,
+            sent = inbox.send(work) => if sent.is_err() {
                 return;
             },
         }

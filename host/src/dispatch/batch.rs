@@ -80,6 +80,23 @@ impl<T> BatchCollector<T> {
         }
     }
 
+    /// How many more records would close the open batch: what it lacks of
+    /// `max`, or of `max_bytes` at the size of its records so far, whichever
+    /// is fewer; at least 1. The lane waits for that many before it looks
+    /// at its inbox again (see "Waking per fill" in the lane's docs), so a
+    /// batch that fills by bytes is not held to its window.
+    pub(super) fn wanted(&self) -> usize {
+        let by_count = self.max.saturating_sub(self.items.len());
+        let by_bytes = match self.items.len() {
+            0 => by_count,
+            n => {
+                let mean = (self.bytes / n).max(1);
+                self.max_bytes.saturating_sub(self.bytes).div_ceil(mean)
+            }
+        };
+        by_count.min(by_bytes).max(1)
+    }
+
     /// The open batch, whatever its size or age (on shutdown).
     pub(super) fn flush(&mut self) -> Option<Vec<T>> {
         (!self.items.is_empty()).then(|| self.take_all())
@@ -126,6 +143,25 @@ mod tests {
         let t1 = t0 + Duration::from_millis(200);
         c.push("c", 1, t1);
         assert_eq!(c.deadline(), Some(t1 + WINDOW));
+    }
+
+    #[test]
+    fn wanted_is_what_closes_the_batch_by_count_or_by_bytes() {
+        let t0 = Instant::now();
+        let mut c = BatchCollector::new(100, 10_000, WINDOW);
+        assert_eq!(c.wanted(), 100, "nothing open: a whole batch");
+        c.push('a', 10, t0);
+        assert_eq!(c.wanted(), 99, "small records: the count decides");
+        let mut c = BatchCollector::new(100, 10_000, WINDOW);
+        c.push('a', 3_000, t0);
+        assert_eq!(
+            c.wanted(),
+            3,
+            "records of 3,000 bytes: 7,000 left is 3 more"
+        );
+        c.push('b', 3_000, t0);
+        c.push('c', 3_000, t0);
+        assert_eq!(c.wanted(), 1, "never less than one");
     }
 
     #[test]

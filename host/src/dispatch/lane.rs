@@ -40,12 +40,27 @@
 //! whole (a trap, a timeout, an empty answer) cannot say which record
 //! failed: its records go again one per call, none counting an attempt,
 //! and each then fails or succeeds on its own.
+//!
+//! # Waking per fill
+//! A batch lane takes the first record of a batch as it comes (its
+//! arrival starts the batch's window). While the batch is open it does
+//! not wake for each record: it waits until enough wait in its inbox to
+//! close the batch ([`BatchCollector::wanted`], at most half the inbox),
+//! or for the window's end, whichever comes first, and then takes all that
+//! waits without waiting again. What a batch holds is unchanged — up to
+//! `batch_size` records, or what arrived within the window of its first —
+//! and so is when it closes by count or by time: a batch full by count is
+//! seen when its last record is, a window's end when it ends (the records
+//! that arrived by then are taken first). A batch full by bytes is seen
+//! when as many records wait as its records' mean size predicts, at the
+//! latest at its window's end. Waking per record cost a task switch a
+//! record.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -291,48 +306,84 @@ impl<F: HandlerFactory> Lane<F> {
         loop {
             // A batch of one acks alone: its ack is held like a record's.
             self.send_acks().await;
-            let deadline = collector.deadline();
-            let batch = tokio::select! {
-                biased;
-                _ = &mut stopped => break,
-                _ = sleep_until(deadline), if deadline.is_some() => collector.take_due(Instant::now()),
-                d = inbox.recv() => match d {
-                    Ok(Work::Record(d)) => {
-                        let bytes = lowered_bytes(&d.record);
-                        collector.push(d, bytes, Instant::now())
-                    }
-                    // A close follows every record before it: the batch
-                    // collected so far goes first.
-                    Ok(Work::Close(close)) => {
-                        if let Some(batch) = collector.flush()
-                            && !self.deliver(batch.into_iter().map(Item::from).collect(), &hard_stop).await
-                        {
+            let go_on = match collector.deadline() {
+                // No batch open: its first record starts the window.
+                None => tokio::select! {
+                    biased;
+                    _ = &mut stopped => break,
+                    work = inbox.recv() => match work {
+                        Ok(work) => self.collect(&mut collector, &inbox, Some(work), &hard_stop).await,
+                        Err(_) => {
+                            if let Some(batch) = collector.flush() {
+                                self.deliver(items(batch), &hard_stop).await;
+                            }
                             break;
                         }
-                        self.send_acks().await;
-                        if !self.close_window(&close, &hard_stop).await {
+                    },
+                },
+                // A batch open: wake for what fills it, or at its window's end.
+                Some(deadline) => tokio::select! {
+                    biased;
+                    _ = &mut stopped => break,
+                    () = sleep_until(deadline) => {
+                        self.collect(&mut collector, &inbox, None, &hard_stop).await
+                            && match collector.take_due(Instant::now()) {
+                                Some(batch) => self.deliver(items(batch), &hard_stop).await,
+                                None => true,
+                            }
+                    }
+                    () = inbox.filled(collector.wanted()) => {
+                        if inbox.is_drained() {
+                            if let Some(batch) = collector.flush() {
+                                self.deliver(items(batch), &hard_stop).await;
+                            }
                             break;
                         }
-                        None
-                    }
-                    Err(_) => {
-                        if let Some(batch) = collector.flush() {
-                            self.deliver(batch.into_iter().map(Item::from).collect(), &hard_stop).await;
-                        }
-                        break;
+                        self.collect(&mut collector, &inbox, None, &hard_stop).await
                     }
                 },
             };
-            if let Some(batch) = batch
-                && !self
-                    .deliver(batch.into_iter().map(Item::from).collect(), &hard_stop)
-                    .await
-            {
+            if !go_on {
                 break;
             }
         }
         // Acked is acked, even when cut off.
         self.send_acks().await;
+    }
+
+    /// Puts `first`, then what waits in `inbox`, into the open batch until
+    /// a batch closes (it is delivered) or the inbox is empty. A window's
+    /// close taken on the way follows every record before it: the batch
+    /// collected so far is delivered first, then the close. False when
+    /// `hard_stop` cut a call short.
+    async fn collect(
+        &mut self,
+        collector: &mut BatchCollector<Delivery>,
+        inbox: &DeliveryReceiver,
+        mut first: Option<Work>,
+        hard_stop: &CancellationToken,
+    ) -> bool {
+        let now = Instant::now();
+        while let Some(work) = first.take().or_else(|| inbox.try_recv()) {
+            match work {
+                Work::Record(d) => {
+                    let bytes = lowered_bytes(&d.record);
+                    if let Some(batch) = collector.push(d, bytes, now) {
+                        return self.deliver(items(batch), hard_stop).await;
+                    }
+                }
+                Work::Close(close) => {
+                    if let Some(batch) = collector.flush()
+                        && !self.deliver(items(batch), hard_stop).await
+                    {
+                        return false;
+                    }
+                    self.send_acks().await;
+                    return self.close_window(&close, hard_stop).await;
+                }
+            }
+        }
+        true
     }
 
     /// The lane's instance, made when missing. None when `hard_stop` fired
@@ -801,6 +852,11 @@ impl From<Delivery> for Item {
 
 /// What lowering `record` puts in the guest's memory, near enough: its
 /// data and its strings (what `max_batch_bytes` counts).
+/// A batch's deliveries as the lane's items, each at its first attempt.
+fn items(batch: Vec<Delivery>) -> Vec<Item> {
+    batch.into_iter().map(Item::from).collect()
+}
+
 fn lowered_bytes(record: &Record) -> usize {
     record.data.len()
         + record.partition_key.as_str().len()
@@ -821,12 +877,5 @@ async fn sleep(wait: Duration, stop: &CancellationToken) -> bool {
     tokio::select! {
         _ = stop.cancelled() => false,
         _ = tokio::time::sleep(wait) => true,
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }

@@ -310,18 +310,22 @@ async fn run_lane(
     run_lane_with(sub, policy, script, records, stop_after).await
 }
 
-/// [`run_lane`] with a policy made by the caller.
-async fn run_lane_with(
-    sub: Arc<SubscriptionConfig>,
-    policy: Policy,
-    script: Arc<Script>,
-    records: Vec<impl Into<Work>>,
-    stop_after: Option<Duration>,
-) -> Run {
+/// A lane with a scripted handler, and the far ends of its queues.
+struct Harness {
+    lane: Lane<Factory>,
+    /// What it sends to settlement.
+    settled: mpsc::Receiver<SettlementMsg>,
+    /// What it hands the output stage.
+    published: mpsc::Receiver<crate::outputs::Publish>,
+    /// Where its metrics are.
+    telemetry: Arc<Telemetry>,
+}
+
+fn harness(sub: Arc<SubscriptionConfig>, policy: Policy, script: Arc<Script>) -> Harness {
     let telemetry = Telemetry::new();
     let status = telemetry.subscription(&sub.name, sub.mode());
-    let (settle_tx, mut settle_rx) = mpsc::channel(1024);
-    let (publish_tx, mut publish_rx) = mpsc::channel(1024);
+    let (settle_tx, settled) = mpsc::channel(1024);
+    let (publish_tx, published) = mpsc::channel(1024);
     let lane = Lane::new(
         LaneId(0),
         sub,
@@ -331,6 +335,28 @@ async fn run_lane_with(
         publish_tx,
         LaneMetrics::new(&telemetry, &status, "s", 0),
     );
+    Harness {
+        lane,
+        settled,
+        published,
+        telemetry,
+    }
+}
+
+/// [`run_lane`] with a policy made by the caller.
+async fn run_lane_with(
+    sub: Arc<SubscriptionConfig>,
+    policy: Policy,
+    script: Arc<Script>,
+    records: Vec<impl Into<Work>>,
+    stop_after: Option<Duration>,
+) -> Run {
+    let Harness {
+        lane,
+        settled: mut settle_rx,
+        published: mut publish_rx,
+        telemetry,
+    } = harness(sub, policy, script);
     let (inbox_tx, inbox) = crate::channel::bounded(64);
     for r in records {
         inbox_tx.send(r).await.unwrap();

@@ -103,3 +103,105 @@ async fn a_wrong_number_of_outcomes_fails_the_whole_batch_and_keeps_the_instance
         1
     );
 }
+
+/// A lane over an inbox the test keeps feeding (see "Waking per fill"):
+/// the inbox's sender, the lane's task and what it settles.
+fn trickle_lane(
+    sub: Arc<SubscriptionConfig>,
+    script: Arc<Script>,
+) -> (
+    crate::channel::DeliverySender,
+    tokio::task::JoinHandle<()>,
+    mpsc::Receiver<SettlementMsg>,
+) {
+    let policy = Policy::new(&sub.failure, |_| unreachable!("no dead letters"));
+    let harness = harness(sub, policy, script);
+    let (tx, inbox) = crate::channel::bounded(64);
+    let task = tokio::spawn(harness.lane.run(inbox, CancellationToken::new()));
+    (tx, task, harness.settled)
+}
+
+fn offsets(calls: &[Call]) -> Vec<Vec<u64>> {
+    calls
+        .iter()
+        .map(|c| c.records.iter().map(|(o, _)| *o).collect())
+        .collect()
+}
+
+/// Catches: a batch lane that waits for a fill sleeping past the record
+/// that fills its batch (held to the window), or past the window's end.
+#[tokio::test(start_paused = true)]
+async fn a_trickled_batch_closes_when_full_or_at_its_windows_end() {
+    let script = Script::new([]);
+    let (tx, task, _settled) = trickle_lane(
+        subscription("batch_size = 5\nbatch_window = \"10s\""),
+        script.clone(),
+    );
+    for n in 0..5 {
+        tx.send(record(n, 0)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Full by count 400 ms after its first record: not held to its 10 s.
+    assert_eq!(offsets(&script.calls()), vec![vec![0, 1, 2, 3, 4]]);
+    // Three more, then nothing: they go at the window's end, together.
+    for n in 5..8 {
+        tx.send(record(n, 0)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(9_600)).await;
+    assert_eq!(script.calls().len(), 1, "before the window's end");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        offsets(&script.calls()),
+        vec![vec![0, 1, 2, 3, 4], vec![5, 6, 7]]
+    );
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .expect("the lane ends with its inbox")
+        .unwrap();
+}
+
+/// Catches: a batch full by bytes held to its window because the lane
+/// waits for a count, or an open batch left waiting out its window (or
+/// lost) when the inbox closes.
+#[tokio::test(start_paused = true)]
+async fn a_batch_full_by_bytes_or_cut_by_the_close_goes_at_once() {
+    let script = Script::new([]);
+    // Records of 400 data bytes, about 420 lowered: two fit in 1 KiB.
+    let big = |n| {
+        let mut d = record(n, 0);
+        Arc::get_mut(&mut d.record).unwrap().data = vec![7; 400];
+        d
+    };
+    let (tx, task, mut settled) = trickle_lane(
+        subscription("batch_size = 100\nbatch_window = \"10s\"\nmax_batch_bytes = \"1KiB\""),
+        script.clone(),
+    );
+    for n in 0..3 {
+        tx.send(big(n)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        offsets(&script.calls()),
+        vec![vec![0, 1]],
+        "full by bytes when the third came"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .expect("the close ends the open batch's wait")
+        .unwrap();
+    assert_eq!(offsets(&script.calls()), vec![vec![0, 1], vec![2]]);
+    let mut acked = Vec::new();
+    while let Ok(msg) = settled.try_recv() {
+        match msg {
+            SettlementMsg::Settle(t) => acked.push(t.offset),
+            SettlementMsg::SettleMany(ts) => acked.extend(ts.iter().map(|t| t.offset)),
+            other => panic!("a lane sent {other:?}"),
+        }
+    }
+    acked.sort_unstable();
+    assert_eq!(acked, vec![0, 1, 2]);
+}
