@@ -40,8 +40,9 @@
 //! (a task switch per record, as above but on the receiving side).
 //! [`DeliveryReceiver::filled`] waits instead until `n` deliveries wait
 //! ([`Fill`]; `n` at most half the channel, so the senders never wait on
-//! it), or every sender is gone; the lane then takes them all with
-//! `try_recv`. The lane still takes the batch's first record at once
+//! it), a window's close waits (it ends the batch before it, so it is
+//! taken at once, as before), or every sender is gone; the lane then takes
+//! them all with `try_recv`. The lane still takes the batch's first record at once
 //! (its arrival starts the window), and its window bounds the wait.
 //!
 //! Why no wake-up is lost: the same order as for senders. A waiting
@@ -50,7 +51,12 @@
 //! sender, after each send, reads `wanted` and, with at least that many
 //! waiting, clears it and wakes every registered receiver. A send that
 //! read `wanted` before it was lowered was already counted by the
-//! receiver's last look. The count of live senders is the channel's own
+//! receiver's last look (this leans on `concurrent-queue`'s `len` reading
+//! its head and tail with sequentially consistent loads, as its 2.x
+//! versions do after a sequentially consistent push). A close is counted
+//! after its send and uncounted when taken, then wakes receivers whatever
+//! `wanted` is, with the same order against the receiver's last look.
+//! The count of live senders is the channel's own
 //! (kept here because `async-channel` cannot wait for its close): the
 //! sender whose drop takes it to zero wakes every registered receiver
 //! after the count shows it, so a receiver sees the close either in its
@@ -61,7 +67,7 @@
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
 
 use async_channel::{RecvError, SendError, TrySendError};
 use tokio::sync::Notify;
@@ -182,6 +188,9 @@ struct Fill {
     wanted: AtomicUsize,
     /// Live senders: at zero the channel is closed.
     senders: AtomicUsize,
+    /// Window closes in the channel (counted after the send and before
+    /// the receive, so briefly below zero): a close ends a fill's wait.
+    closes: AtomicIsize,
 }
 
 /// The sending half, one clone per reader.
@@ -216,9 +225,23 @@ impl Drop for DeliverySender {
 impl DeliverySender {
     /// Puts `work` in a free slot, or gives it back: full or closed.
     pub(crate) fn try_send(&self, work: Work) -> Result<(), TrySendError<Work>> {
+        let close = matches!(work, Work::Close(_));
         self.tx.try_send(work)?;
-        self.made_fill();
+        if close {
+            self.sent_close();
+        } else {
+            self.made_fill();
+        }
         Ok(())
+    }
+
+    /// A window's close is in: receivers waiting for a fill take it now
+    /// (it ends the batch before it), however few records wait.
+    fn sent_close(&self) {
+        self.fill.closes.fetch_add(1, Ordering::SeqCst);
+        if self.fill.wanted.swap(0, Ordering::SeqCst) != 0 {
+            self.fill.notify.notify_waiters();
+        }
     }
 
     /// Wakes receivers waiting for a fill the channel has reached.
@@ -281,15 +304,23 @@ impl DeliveryReceiver {
     /// The next delivery; an error once the channel is closed and empty.
     pub(crate) async fn recv(&self) -> Result<Work, RecvError> {
         let delivery = self.rx.recv().await?;
-        self.made_room();
+        self.took(&delivery);
         Ok(delivery)
     }
 
     /// The next delivery if one is waiting (a lane filling a run).
     pub(crate) fn try_recv(&self) -> Option<Work> {
         let delivery = self.rx.try_recv().ok()?;
-        self.made_room();
+        self.took(&delivery);
         Some(delivery)
+    }
+
+    /// Book-keeping after a receive: room for senders, closes in flight.
+    fn took(&self, work: &Work) {
+        if matches!(work, Work::Close(_)) {
+            self.fill.closes.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.made_room();
     }
 
     /// Waits until `n` deliveries wait, or every sender is gone (module
@@ -322,9 +353,11 @@ impl DeliveryReceiver {
         self.rx.is_empty() && self.fill.senders.load(Ordering::SeqCst) == 0
     }
 
-    /// `n` deliveries wait, or no sender is left.
+    /// `n` deliveries wait, a window's close waits, or no sender is left.
     fn reached(&self, n: usize) -> bool {
-        self.rx.len() >= n || self.fill.senders.load(Ordering::SeqCst) == 0
+        self.rx.len() >= n
+            || self.fill.closes.load(Ordering::SeqCst) > 0
+            || self.fill.senders.load(Ordering::SeqCst) == 0
     }
 
     /// Wakes waiting senders once the channel has drained to half.
@@ -362,6 +395,7 @@ pub(crate) fn bounded(capacity: usize) -> (DeliverySender, DeliveryReceiver) {
         notify: Notify::new(),
         wanted: AtomicUsize::new(0),
         senders: AtomicUsize::new(1),
+        closes: AtomicIsize::new(0),
     });
     (
         DeliverySender {
@@ -459,6 +493,45 @@ mod tests {
             .expect("woken at 3")
             .unwrap();
         assert_eq!(rx.len(), 3, "filled takes nothing");
+    }
+
+    /// Catches: a window's close left waiting for a fill of records (the
+    /// batch before it, and the close, would wait for the window's end).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_receiver_waiting_for_a_fill_wakes_for_a_close() {
+        let (tx, rx) = bounded(16);
+        tx.send(delivery(0)).await.unwrap();
+        let waiting = tokio::spawn({
+            let rx = rx.clone();
+            async move { rx.filled(8).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "one record of 8");
+        tx.send(Work::Close(Arc::new(WindowClose {
+            stream: StreamName::from("s"),
+            shard: ShardId::from("shard-0"),
+            session: SessionId(1),
+            window: Window { start: 0, end: 1 },
+            keys: Vec::new(),
+            stage_at: Position::whole(SequenceNumber::parse("1").unwrap()),
+            hold: Ticket {
+                shard: ShardId::from("shard-0"),
+                session: SessionId(1),
+                offset: 0,
+            },
+        })))
+        .await
+        .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("woken by the close")
+            .unwrap();
+        assert!(matches!(rx.try_recv(), Some(Work::Record(_))));
+        assert!(matches!(rx.try_recv(), Some(Work::Close(_))));
+        // Taken, the close no longer ends a wait.
+        tx.send(delivery(1)).await.unwrap();
+        let again = tokio::time::timeout(std::time::Duration::from_millis(50), rx.filled(8)).await;
+        assert!(again.is_err(), "a close already taken still ended a wait");
     }
 
     /// Catches: a fill wanted beyond half the channel, which would hold

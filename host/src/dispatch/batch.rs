@@ -80,21 +80,22 @@ impl<T> BatchCollector<T> {
         }
     }
 
-    /// How many more records would close the open batch: what it lacks of
-    /// `max`, or of `max_bytes` at the size of its records so far, whichever
-    /// is fewer; at least 1. The lane waits for that many before it looks
-    /// at its inbox again (see "Waking per fill" in the lane's docs), so a
-    /// batch that fills by bytes is not held to its window.
+    /// How many more records the lane may let wait before it looks at its
+    /// inbox again (see "Waking per fill" in the lane's docs): what the
+    /// open batch lacks of `max`, when the count is what closes it. When
+    /// its bytes would close it first (at the size of its records so far),
+    /// the next record's size decides, which only a look tells: 1, a look
+    /// at each record, as without waiting for fills.
     pub(super) fn wanted(&self) -> usize {
-        let by_count = self.max.saturating_sub(self.items.len());
+        let by_count = self.max.saturating_sub(self.items.len()).max(1);
         let by_bytes = match self.items.len() {
-            0 => by_count,
+            0 => return by_count,
             n => {
                 let mean = (self.bytes / n).max(1);
                 self.max_bytes.saturating_sub(self.bytes).div_ceil(mean)
             }
         };
-        by_count.min(by_bytes).max(1)
+        if by_bytes <= by_count { 1 } else { by_count }
     }
 
     /// The open batch, whatever its size or age (on shutdown).
@@ -156,12 +157,13 @@ mod tests {
         c.push('a', 3_000, t0);
         assert_eq!(
             c.wanted(),
-            3,
-            "records of 3,000 bytes: 7,000 left is 3 more"
+            1,
+            "records of 3,000 bytes: the bytes close it, each record is looked at"
         );
-        c.push('b', 3_000, t0);
-        c.push('c', 3_000, t0);
-        assert_eq!(c.wanted(), 1, "never less than one");
+        let mut c = BatchCollector::new(3, 10_000, WINDOW);
+        c.push('a', 10, t0);
+        c.push('b', 10, t0);
+        assert_eq!(c.wanted(), 1, "one short of the count");
     }
 
     #[test]

@@ -45,16 +45,19 @@
 //! A batch lane takes the first record of a batch as it comes (its
 //! arrival starts the batch's window). While the batch is open it does
 //! not wake for each record: it waits until enough wait in its inbox to
-//! close the batch ([`BatchCollector::wanted`], at most half the inbox),
-//! or for the window's end, whichever comes first, and then takes all that
-//! waits without waiting again. What a batch holds is unchanged — up to
-//! `batch_size` records, or what arrived within the window of its first —
-//! and so is when it closes by count or by time: a batch full by count is
-//! seen when its last record is, a window's end when it ends (the records
-//! that arrived by then are taken first). A batch full by bytes is seen
-//! when as many records wait as its records' mean size predicts, at the
-//! latest at its window's end. Waking per record cost a task switch a
-//! record.
+//! close the batch by count ([`BatchCollector::wanted`], at most half the
+//! inbox), a window's close waits, or the window ends, whichever comes
+//! first, and then takes all that waits without waiting again. What a
+//! batch holds is unchanged — up to `batch_size` records, or what arrived
+//! within the window of its first — and so is when it closes: a batch full
+//! by count is seen when its last record is, a close at once, a window's
+//! end when it ends (the records that wait when the lane looks are taken
+//! first). When a batch's bytes would close it before its count (at the
+//! size of its records so far), the lane looks at each record, as it did
+//! before. One case is seen later: a record far larger than the batch's
+//! records so far, which closes it by bytes, waits for the next fill or
+//! the window's end (and its own batch's window starts then). Waking per
+//! record cost a task switch a record.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -205,3 +205,31 @@ async fn a_batch_full_by_bytes_or_cut_by_the_close_goes_at_once() {
     acked.sort_unstable();
     assert_eq!(acked, vec![0, 1, 2]);
 }
+
+/// Catches: a window's close that waits behind an open batch for its fill
+/// or its window's end (the close's hold would keep the checkpoint back
+/// meanwhile), instead of ending the batch at once, as before fills.
+#[tokio::test(start_paused = true)]
+async fn a_close_ends_the_open_batch_at_once() {
+    let script = Script::new([]);
+    let (tx, task, _settled) = trickle_lane(
+        subscription("batch_size = 100\nbatch_window = \"10s\""),
+        script.clone(),
+    );
+    for n in 0..2 {
+        tx.send(record(n, 0)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tx.send(super::windows::close(99)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        offsets(&script.calls()),
+        vec![vec![0, 1], vec![99]],
+        "the batch before the close, then the close, 100 ms after it came"
+    );
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .expect("the lane ends with its inbox")
+        .unwrap();
+}

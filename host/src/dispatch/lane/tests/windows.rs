@@ -7,7 +7,7 @@ use crate::ids::Position;
 use crate::windows::Window;
 
 /// A close of key `k0`'s window `[0, 1000)`, on the hold at `hold`.
-fn close(hold: u64) -> Work {
+pub(super) fn close(hold: u64) -> Work {
     Work::Close(Arc::new(WindowClose {
         stream: StreamName::from("orders"),
         shard: ShardId::from("shard-0"),
