@@ -343,6 +343,22 @@ fn harness(sub: Arc<SubscriptionConfig>, policy: Policy, script: Arc<Script>) ->
     }
 }
 
+/// The offsets a lane has settled so far, in the order they settled, and
+/// how many messages carried them.
+fn settled_offsets(rx: &mut mpsc::Receiver<SettlementMsg>) -> (Vec<u64>, usize) {
+    let mut settled = Vec::new();
+    let mut messages = 0;
+    while let Ok(msg) = rx.try_recv() {
+        messages += 1;
+        match msg {
+            SettlementMsg::Settle(t) => settled.push(t.offset),
+            SettlementMsg::SettleMany(ts) => settled.extend(ts.iter().map(|t| t.offset)),
+            other => panic!("a lane sent {other:?}"),
+        }
+    }
+    (settled, messages)
+}
+
 /// [`run_lane`] with a policy made by the caller.
 async fn run_lane_with(
     sub: Arc<SubscriptionConfig>,
@@ -374,16 +390,7 @@ async fn run_lane_with(
     if let Some(stopper) = stopper {
         stopper.abort();
     }
-    let mut settled = Vec::new();
-    let mut messages = 0;
-    while let Ok(msg) = settle_rx.try_recv() {
-        messages += 1;
-        match msg {
-            SettlementMsg::Settle(t) => settled.push(t.offset),
-            SettlementMsg::SettleMany(ts) => settled.extend(ts.iter().map(|t| t.offset)),
-            other => panic!("a lane sent {other:?}"),
-        }
-    }
+    let (settled, messages) = settled_offsets(&mut settle_rx);
     let mut published = Vec::new();
     while let Ok(publish) = publish_rx.try_recv() {
         let data = publish

@@ -121,6 +121,19 @@ fn trickle_lane(
     (tx, task, harness.settled)
 }
 
+/// Closes a trickled lane's inbox; the lane must end within a second.
+async fn ends_with_its_inbox(
+    tx: crate::channel::DeliverySender,
+    task: tokio::task::JoinHandle<()>,
+    why: &str,
+) {
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .expect(why)
+        .unwrap();
+}
+
 fn offsets(calls: &[Call]) -> Vec<Vec<u64>> {
     calls
         .iter()
@@ -155,11 +168,7 @@ async fn a_trickled_batch_closes_when_full_or_at_its_windows_end() {
         offsets(&script.calls()),
         vec![vec![0, 1, 2, 3, 4], vec![5, 6, 7]]
     );
-    drop(tx);
-    tokio::time::timeout(Duration::from_secs(1), task)
-        .await
-        .expect("the lane ends with its inbox")
-        .unwrap();
+    ends_with_its_inbox(tx, task, "the lane ends with its inbox").await;
 }
 
 /// Catches: a batch full by bytes held to its window because the lane
@@ -188,20 +197,9 @@ async fn a_batch_full_by_bytes_or_cut_by_the_close_goes_at_once() {
         "full by bytes when the third came"
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
-    drop(tx);
-    tokio::time::timeout(Duration::from_secs(1), task)
-        .await
-        .expect("the close ends the open batch's wait")
-        .unwrap();
+    ends_with_its_inbox(tx, task, "the close ends the open batch's wait").await;
     assert_eq!(offsets(&script.calls()), vec![vec![0, 1], vec![2]]);
-    let mut acked = Vec::new();
-    while let Ok(msg) = settled.try_recv() {
-        match msg {
-            SettlementMsg::Settle(t) => acked.push(t.offset),
-            SettlementMsg::SettleMany(ts) => acked.extend(ts.iter().map(|t| t.offset)),
-            other => panic!("a lane sent {other:?}"),
-        }
-    }
+    let (mut acked, _) = settled_offsets(&mut settled);
     acked.sort_unstable();
     assert_eq!(acked, vec![0, 1, 2]);
 }
@@ -227,9 +225,5 @@ async fn a_close_ends_the_open_batch_at_once() {
         vec![vec![0, 1], vec![99]],
         "the batch before the close, then the close, 100 ms after it came"
     );
-    drop(tx);
-    tokio::time::timeout(Duration::from_secs(1), task)
-        .await
-        .expect("the lane ends with its inbox")
-        .unwrap();
+    ends_with_its_inbox(tx, task, "the lane ends with its inbox").await;
 }
